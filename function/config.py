@@ -1,0 +1,230 @@
+"""The CastSlice configuration: one YAML file, typed, with embedded defaults.
+
+Every model forbids unknown keys, so a typo (``invalidAnnotation: warn``) stops start-up with a
+message naming the key instead of silently running on a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from function.contract import CONFIG_ENV, DEFAULT_EVENT_SOURCE, DEFAULT_EXCLUDED_NAMESPACES
+
+# A Kubernetes extended resource name: a DNS-subdomain prefix, a slash, and a name segment.
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SCHEDULER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _check_resource_name(value: str) -> str:
+    if not _RESOURCE_NAME.match(value) or len(value) > 253:
+        raise ValueError(
+            f"{value!r} is not an extended resource name (expected '<domain>/<name>', "
+            "for example 'nvidia.com/gpu')"
+        )
+    if value.split("/", 1)[0].endswith("kubernetes.io"):
+        raise ValueError(f"{value!r} is in the kubernetes.io namespace, which is not an extended resource")
+    return value
+
+
+ResourceName = Annotated[str, Field(min_length=3)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+class OnInternalError(str, Enum):
+    admit = "admit"
+    deny = "deny"
+
+
+class OnInvalidAnnotation(str, Enum):
+    deny = "deny"
+    warn = "warn"
+
+
+class GpuSlicingConfig(Strict):
+    """CastSlice's own behaviour: opt-in slicing of a whole-GPU resource into shares."""
+
+    enabled: bool = True
+    sourceResource: ResourceName = "nvidia.com/gpu"
+    targetResource: ResourceName = "nvidia.com/gpu-shared"
+    presets: dict[str, PositiveInt] = Field(
+        default_factory=lambda: {"training": 4, "inference": 2, "batch": 2, "dev": 1}
+    )
+    defaultSlices: PositiveInt = 1
+    """Slices for an opted-in Pod with neither slice-ratio nor workload-type (the seed's v0.1.0 default)."""
+    maxSliceRatio: PositiveInt = 1000
+    """Upper bound for castops.io/slice-ratio: larger values are bad input, not a quantity overflow."""
+
+    @field_validator("sourceResource", "targetResource")
+    @classmethod
+    def _resource(cls, value: str) -> str:
+        return _check_resource_name(value)
+
+    @model_validator(mode="after")
+    def _distinct_resources(self) -> GpuSlicingConfig:
+        if self.sourceResource == self.targetResource:
+            raise ValueError("sourceResource and targetResource must differ")
+        if not self.presets:
+            raise ValueError("presets must name at least one workload type")
+        return self
+
+
+class VgpuDevice(Strict):
+    """One vendor's vGPU resource names (HAMi's device table)."""
+
+    vendor: str = Field(min_length=1)
+    countResource: ResourceName
+    memoryResource: ResourceName | None = None
+    memoryPercentageResource: ResourceName | None = None
+    coresResource: ResourceName | None = None
+    priorityResource: ResourceName | None = None
+
+    @field_validator(
+        "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
+    )
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return None if value is None else _check_resource_name(value)
+
+
+def _nvidia_device() -> VgpuDevice:
+    return VgpuDevice(
+        vendor="nvidia",
+        countResource="nvidia.com/gpu",
+        memoryResource="nvidia.com/gpumem",
+        memoryPercentageResource="nvidia.com/gpumem-percentage",
+        coresResource="nvidia.com/gpucores",
+        priorityResource="nvidia.com/priority",
+    )
+
+
+class VgpuConfig(Strict):
+    """HAMi-style redirection of vGPU Pods to the vGPU scheduler. Off unless switched on."""
+
+    enabled: bool = False
+    schedulerName: str = "hami-scheduler"
+    forceSchedulerName: bool = False
+    """True overwrites a non-default schedulerName the Pod already names (HAMi's force-overwrite flag)."""
+    defaultCount: int = Field(default=1, ge=0)
+    """Count added to a container asking only for memory, memory percentage or cores; 0 adds none."""
+    overwriteEnv: bool = False
+    """Give containers without a vGPU NVIDIA_VISIBLE_DEVICES=none."""
+    denyPrivileged: bool = True
+    """Current HAMi denies vGPU Pods with a privileged container; False restores the old skip + warning."""
+    priorityEnv: str = "CUDA_TASK_PRIORITY"
+    optOutLabel: str = "hami.io/webhook"
+    optOutValue: str = "ignore"
+    devices: list[VgpuDevice] = Field(default_factory=lambda: [_nvidia_device()])
+
+    @field_validator("schedulerName")
+    @classmethod
+    def _scheduler(cls, value: str) -> str:
+        if not _SCHEDULER_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid scheduler name")
+        return value
+
+    @field_validator("priorityEnv")
+    @classmethod
+    def _env(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
+
+class AuditConfig(Strict):
+    """Where decision events go. The sink is chosen from the environment unless forced here."""
+
+    sink: Literal["auto", "knative", "dapr", "stdout", "none"] = "auto"
+    """auto: K_SINK if set (Knative SinkBinding), else DAPR_HTTP_PORT if set, else stdout."""
+    source: str = DEFAULT_EVENT_SOURCE
+    daprPubsub: str = "pubsub"
+    daprTopic: str = "castslice-decisions"
+    queueSize: PositiveInt = 10000
+    maxAttempts: PositiveInt = 5
+    initialBackoffSeconds: float = Field(default=0.2, gt=0)
+    maxBackoffSeconds: float = Field(default=5.0, gt=0)
+    requestTimeoutSeconds: float = Field(default=2.0, gt=0)
+    drainSeconds: float = Field(default=5.0, ge=0)
+    """On shutdown, how long the queue may drain to the sink before the rest goes to stdout."""
+
+
+class Config(Strict):
+    """The whole configuration file."""
+
+    onInternalError: OnInternalError = OnInternalError.admit
+    invalidAnnotations: OnInvalidAnnotation = OnInvalidAnnotation.deny
+    excludedNamespaces: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDED_NAMESPACES))
+    gpuSlicing: GpuSlicingConfig = Field(default_factory=GpuSlicingConfig)
+    vgpu: VgpuConfig = Field(default_factory=VgpuConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+
+    def digest(self) -> str:
+        """A short, stable identity of the effective configuration (it goes into every decision)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable, or does not validate. The message says where."""
+
+
+def _describe(error: ValidationError, origin: str) -> str:
+    lines = [f"invalid CastSlice configuration in {origin}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            value = item.get("input")
+            shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+            lines.append(f"  {key}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, origin: str = "configuration") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid CastSlice configuration in {origin}: the top level must be a mapping")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, origin)) from None
+
+
+def load_config_file(path: str | Path) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read CastSlice configuration {path}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"CastSlice configuration {path} is not valid YAML: {error}") from None
+    return parse_config(data, str(path))
+
+
+def load_config(environ: dict[str, str] | None = None) -> Config:
+    """The effective configuration: the file named by CASTSLICE_CONFIG, else the embedded defaults."""
+    env = os.environ if environ is None else environ
+    path = env.get(CONFIG_ENV, "").strip()
+    return load_config_file(path) if path else Config()

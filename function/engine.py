@@ -1,0 +1,205 @@
+"""The engine: every mutator, in a fixed order, to a fixed point, and a proven patch.
+
+Gatekeeper's mutation system is the model: mutators run in order, passes repeat until a whole
+pass changes nothing, and a system that does not converge is an error, not a guess. The result
+is then turned into a JSON Patch, the patch is applied to the original and compared with the
+intended Pod, and the apiserver's extended-resource rules are checked. Anything off means the
+Pod is admitted unchanged with a warning: CastSlice never sends a patch that rejects a Pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from function.config import Config, OnInternalError
+from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
+from function.mutators.base import (
+    Action,
+    Mutator,
+    MutatorDecision,
+    MutatorResult,
+    Pod,
+    RequestInfo,
+    labels_of,
+)
+from function.mutators.gpu_slicing import GpuSlicing
+from function.patch import Operation, PatchProofError, copy_json, diff, prove, same
+from function.rules import extended_resource_violations
+
+log = logging.getLogger("castslice.engine")
+
+ENGINE_VERSION = "0.1.0"
+MAX_PASSES = 5
+"""Every mutator reaches its fixed point in one pass today; five leaves room and catches loops."""
+
+Outcome = Literal["mutated", "unchanged", "denied", "error"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Everything the engine decided about one Pod: what to reply, and why."""
+
+    outcome: Outcome
+    allowed: bool
+    reason: str
+    patch: tuple[Operation, ...] = ()
+    decisions: tuple[MutatorDecision, ...] = ()
+    warnings: tuple[str, ...] = ()
+    denial: str | None = None
+    mutated_pod: Pod | None = field(default=None, compare=False, repr=False)
+    duration_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def acting_mutators(self) -> tuple[str, ...]:
+        return tuple(d.mutator for d in self.decisions if d.action is not Action.unchanged)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "patch": list(self.patch),
+            "mutators": [d.as_dict() for d in self.decisions],
+            "warnings": list(self.warnings),
+            "denial": self.denial,
+        }
+
+
+class NotConverged(Exception):
+    pass
+
+
+class MutatorLied(Exception):
+    """A mutator's reported action disagrees with what it did to the Pod: a bug, never trusted."""
+
+
+def build_mutators(config: Config) -> list[Mutator]:
+    """The mutators the configuration switches on, in the engine's fixed order."""
+    mutators: list[Mutator] = []
+    if config.gpuSlicing.enabled:
+        mutators.append(GpuSlicing(config.gpuSlicing, config.invalidAnnotations))
+    return mutators
+
+
+class Engine:
+    def __init__(self, config: Config, mutators: Sequence[Mutator] | None = None) -> None:
+        self.config = config
+        self.mutators = list(build_mutators(config) if mutators is None else mutators)
+        self.config_digest = config.digest()
+        self._excluded = frozenset(config.excludedNamespaces)
+
+    # -- the public entry point ------------------------------------------------------------
+    def decide(self, pod: Pod, request: RequestInfo) -> Decision:
+        """Never raises: an unexpected exception becomes an ``error`` decision per onInternalError."""
+        started = time.perf_counter()
+        try:
+            decision = self._decide(pod, request)
+        except Exception as error:  # noqa: BLE001 - the whole point is that nothing escapes
+            log.exception("internal error deciding on pod (request uid %s)", request.uid)
+            decision = self.internal_error(error, request)
+        return _with_duration(decision, time.perf_counter() - started)
+
+    # -- the steps -------------------------------------------------------------------------
+    def _decide(self, pod: Pod, request: RequestInfo) -> Decision:
+        if request.namespace in self._excluded:
+            return Decision("unchanged", True, f"namespace {request.namespace} is excluded")
+        if labels_of(pod).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+            return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
+
+        intended, decisions = self.run_to_fixed_point(pod, request)
+        warnings = tuple(w for d in decisions for w in d.warnings)
+        denials = [d for d in decisions if d.action is Action.denied]
+        if denials:
+            message = "; ".join(d.reason for d in denials)
+            return Decision(
+                "denied", False, message, decisions=decisions, warnings=warnings, denial=message
+            )
+
+        patch = diff(pod, intended)
+        if not patch:
+            reasons = "; ".join(f"{d.mutator}: {d.reason}" for d in decisions) or "no mutator enabled"
+            return Decision("unchanged", True, reasons, decisions=decisions, warnings=warnings)
+
+        problem = self._proof_problem(pod, patch, intended)
+        if problem:
+            log.error("patch withheld for request uid %s: %s", request.uid, problem)
+            return Decision(
+                "error",
+                True,
+                f"patch withheld: {problem}",
+                decisions=decisions,
+                warnings=(*warnings, "castslice: mutation withheld by a safety check; Pod admitted unchanged"),
+            )
+        acted = ", ".join(d.mutator for d in decisions if d.action is Action.mutated)
+        return Decision(
+            "mutated",
+            True,
+            f"mutated by {acted}",
+            patch=tuple(patch),
+            decisions=decisions,
+            warnings=warnings,
+            mutated_pod=intended,
+        )
+
+    def run_to_fixed_point(self, pod: Pod, request: RequestInfo) -> tuple[Pod, tuple[MutatorDecision, ...]]:
+        """Run every mutator in order until a whole pass changes nothing (or one denies)."""
+        current = pod
+        decisions: dict[str, MutatorDecision] = {}
+        for _ in range(MAX_PASSES):
+            pass_start = current
+            for mutator in self.mutators:
+                working = copy_json(current)
+                result = mutator.mutate(working, request)
+                changed = not same(working, current)
+                _check_honest(mutator, result, changed)
+                previous = decisions.get(mutator.name)
+                # Keep the pass where a mutator acted: a later no-op pass says nothing new.
+                if previous is None or previous.action is Action.unchanged:
+                    decisions[mutator.name] = MutatorDecision(
+                        mutator.name, result.action, result.reason, result.warnings
+                    )
+                if result.action is Action.denied:
+                    return current, tuple(decisions.values())
+                if changed:
+                    current = working
+            if current is pass_start:
+                return current, tuple(decisions.values())
+        raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
+
+    def _proof_problem(self, original: Pod, patch: list[Operation], intended: Pod) -> str | None:
+        try:
+            prove(original, patch, intended)
+        except PatchProofError as error:
+            return str(error)
+        introduced = extended_resource_violations(intended) - extended_resource_violations(original)
+        if introduced:
+            return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
+        return None
+
+    def internal_error(self, error: Exception, request: RequestInfo) -> Decision:
+        summary = f"internal error: {type(error).__name__}"
+        if self.config.onInternalError is OnInternalError.deny:
+            message = f"castslice: {summary} (request uid {request.uid}); Pod denied by onInternalError: deny"
+            return Decision("error", False, f"{summary}: {error}", denial=message)
+        return Decision(
+            "error",
+            True,
+            f"{summary}: {error}",
+            warnings=(f"castslice: {summary}; Pod admitted unchanged"[:120],),
+        )
+
+
+def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> None:
+    if changed and result.action is not Action.mutated:
+        raise MutatorLied(f"{mutator.name} changed the Pod but reported {result.action.value}")
+    if result.action is Action.mutated and not changed:
+        raise MutatorLied(f"{mutator.name} reported mutated but changed nothing")
+
+
+def _with_duration(decision: Decision, seconds: float) -> Decision:
+    object.__setattr__(decision, "duration_seconds", seconds)
+    return decision

@@ -1,0 +1,82 @@
+"""The one place for HTTP concerns: routing, methods, size limits, status codes, JSON bodies.
+
+Transport-neutral, so the same behaviour serves the functions-framework ASGI target, the Flask
+target used for comparison, and tests. Every admission outcome (denials included) is HTTP 200:
+a non-200 makes the apiserver apply failurePolicy instead of our answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from function.admission import Admission
+from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES, METRICS_PATH, MUTATE_PATHS, READYZ_PATH
+from function.review import BadReview, parse_review
+
+log = logging.getLogger("castslice.http")
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(status: int, payload: object, headers: dict[str, str] | None = None) -> HttpReply:
+    return HttpReply(status, json.dumps(payload, separators=(",", ":")).encode(), JSON, headers or {})
+
+
+def problem(status: int, message: str, headers: dict[str, str] | None = None) -> HttpReply:
+    return json_reply(status, {"error": message, "status": status}, headers)
+
+
+TOO_LARGE = problem(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+
+
+class WebhookHttp:
+    def __init__(
+        self,
+        admission: Admission,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
+        self.admission = admission
+        self.ready = ready
+        self.metrics = metrics
+
+    def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        """``body`` is None when the transport found it larger than MAX_BODY_BYTES."""
+        if path in MUTATE_PATHS:
+            if method != "POST":
+                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
+            if body is None:
+                return TOO_LARGE
+            return self.mutate(body)
+        if path in (HEALTHZ_PATH, READYZ_PATH, METRICS_PATH):
+            if method not in ("GET", "HEAD"):
+                return problem(405, f"{method} not allowed on {path}: use GET", {"Allow": "GET, HEAD"})
+            if path == HEALTHZ_PATH:
+                return json_reply(200, {"status": "ok"})
+            if path == READYZ_PATH:
+                ok = self.ready()
+                return json_reply(200 if ok else 503, {"status": "ready" if ok else "not ready"})
+            if self.metrics is None:
+                return problem(404, "metrics are not enabled")
+            return HttpReply(200, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        return problem(404, f"no such path: {path}")
+
+    def mutate(self, body: bytes) -> HttpReply:
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad admission request: %s", bad)
+            return problem(400, str(bad))
+        answer, _ = self.admission.review(review)
+        return json_reply(200, answer)

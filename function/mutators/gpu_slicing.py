@@ -1,0 +1,113 @@
+"""GPU slicing (CastSlice): opted-in Pods trade whole GPUs for a number of shared-GPU slices.
+
+Semantics from the CastSlice design (seed 000):
+- ``castops.io/optimize`` must be exactly ``"true"``; anything else is as if absent;
+- the slice count is ``castops.io/slice-ratio`` (a positive integer), else the preset of
+  ``castops.io/workload-type``, else ``defaultSlices`` (1);
+- in every init, app and ephemeral container, the source resource (``nvidia.com/gpu``) is removed
+  and the target (``nvidia.com/gpu-shared``) set to the slice count, in limits *and* requests:
+  the apiserver rejects an extended resource with a request but no equal limit.
+"""
+
+from __future__ import annotations
+
+import re
+
+from function.config import GpuSlicingConfig, OnInvalidAnnotation
+from function.mutators.base import MutatorResult, Pod, RequestInfo, annotations_of, shown
+from function.rules import iter_containers
+
+OPTIMIZE = "castops.io/optimize"
+WORKLOAD_TYPE = "castops.io/workload-type"
+SLICE_RATIO = "castops.io/slice-ratio"
+
+_POSITIVE_INTEGER = re.compile(r"^[1-9][0-9]*$")
+
+
+class InvalidAnnotation(Exception):
+    """An opted-in Pod carries an annotation value CastSlice cannot act on."""
+
+    def __init__(self, annotation: str, value: object, accepted: str) -> None:
+        self.annotation = annotation
+        self.value = value
+        self.accepted = accepted
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
+
+    @property
+    def warning(self) -> str:
+        # Warnings reach kubectl and are capped at 120 characters by the apiserver.
+        return f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced; use {self.accepted}"[:120]
+
+
+class GpuSlicing:
+    name = "gpu-slicing"
+
+    def __init__(self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation) -> None:
+        self.config = config
+        self.on_invalid = on_invalid
+        self._presets_text = ", ".join(f"{key} ({value})" for key, value in sorted(config.presets.items()))
+
+    def slice_count(self, annotations: dict[str, object]) -> tuple[int, str]:
+        """The slice count and where it came from; InvalidAnnotation when a value is unusable."""
+        if SLICE_RATIO in annotations:
+            raw = annotations[SLICE_RATIO]
+            limit = self.config.maxSliceRatio
+            if not isinstance(raw, str) or not _POSITIVE_INTEGER.match(raw) or int(raw) > limit:
+                raise InvalidAnnotation(SLICE_RATIO, raw, f"a whole number from 1 to {limit}")
+            # A bad workload-type is still reported when slice-ratio overrides it: it is a typo either way.
+            self._check_workload_type(annotations)
+            return int(raw), f"{SLICE_RATIO}={raw}"
+        if WORKLOAD_TYPE in annotations:
+            workload = self._check_workload_type(annotations)
+            return self.config.presets[workload], f"{WORKLOAD_TYPE}={workload} preset"
+        return self.config.defaultSlices, "default"
+
+    def _check_workload_type(self, annotations: dict[str, object]) -> str:
+        workload = annotations.get(WORKLOAD_TYPE)
+        if workload is None:
+            return ""
+        if not isinstance(workload, str) or workload not in self.config.presets:
+            raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text)
+        return workload
+
+    def mutate(self, pod: Pod, request: RequestInfo) -> MutatorResult:
+        annotations = annotations_of(pod)
+        opt_in = annotations.get(OPTIMIZE)
+        if opt_in != "true":
+            if opt_in is None:
+                return MutatorResult.unchanged(f"not opted in ({OPTIMIZE} absent)")
+            return MutatorResult.unchanged(f'not opted in ({OPTIMIZE} is {shown(opt_in)}, not "true")')
+
+        try:
+            slices, origin = self.slice_count(annotations)
+        except InvalidAnnotation as bad:
+            if self.on_invalid is OnInvalidAnnotation.deny:
+                return MutatorResult.denied(f"castslice: {bad.message}")
+            return MutatorResult.unchanged(bad.message, bad.warning)
+
+        source, target = self.config.sourceResource, self.config.targetResource
+        sliced = []
+        for kind, index, container in iter_containers(pod):
+            resources = container.get("resources")
+            if not isinstance(resources, dict):
+                continue
+            sections = [resources.get("limits"), resources.get("requests")]
+            if not any(isinstance(section, dict) and source in section for section in sections):
+                continue
+            for section_name in ("limits", "requests"):
+                section = resources.get(section_name)
+                if not isinstance(section, dict):
+                    section = resources[section_name] = {}
+                section.pop(source, None)
+                section[target] = str(slices)
+            sliced.append(f"{kind}/{container.get('name', index)}")
+
+        if not sliced:
+            return MutatorResult.unchanged(f"opted in, but no container requests {source}")
+        return MutatorResult.mutated(
+            f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}"
+        )

@@ -1,0 +1,51 @@
+"""Kubernetes resource quantities, parsed with the apiserver's own strict grammar.
+
+``kubernetes.utils.parse_quantity`` and ``Decimal`` accept strings the apiserver rejects (``"1e"``,
+``" 1"``, ``"1.5.0"`` through Decimal, ``"0x10"``...), so the rules checker uses this instead.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# <signedNumber><suffix>, exactly as k8s.io/apimachinery/pkg/api/resource documents it.
+_QUANTITY = re.compile(
+    r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+class QuantityError(ValueError):
+    pass
+
+
+def parse_quantity(raw: object) -> Fraction:
+    """The exact value of a quantity as JSON carries it (a string, or a JSON number)."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise QuantityError(f"{raw!r} is not a quantity")
+    text = raw if isinstance(raw, str) else repr(raw)
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise QuantityError(f"{text!r} is not a quantity")
+    value = Fraction(match["number"])
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        return value * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return value * Fraction(10) ** _DECIMAL[suffix]
+    if suffix:
+        exponent = int(suffix[1:])
+        if abs(exponent) > 1000:
+            raise QuantityError(f"{text!r} has an exponent out of range")
+        return value * Fraction(10) ** exponent
+    return value
+
+
+def is_whole_number(raw: object) -> bool:
+    try:
+        return parse_quantity(raw).denominator == 1
+    except QuantityError:
+        return False

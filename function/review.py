@@ -1,0 +1,169 @@
+"""The AdmissionReview envelope: typed parsing of what the apiserver sends, named reply constructors.
+
+The envelope is typed with pydantic and rejects unknown fields; the Pod inside ``request.object``
+is deliberately left a raw dict (a typed Pod model would drop fields it does not know, and a
+patch built from it would remove them from the user's Pod).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from function.patch import Operation
+
+SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class GroupVersionKind(_Envelope):
+    group: str = ""
+    version: str
+    kind: str
+
+
+class GroupVersionResource(_Envelope):
+    group: str = ""
+    version: str
+    resource: str
+
+
+class UserInfo(_Envelope):
+    username: str | None = None
+    uid: str | None = None
+    groups: list[str] | None = None
+    extra: dict[str, list[str]] | None = None
+
+
+class AdmissionRequest(_Envelope):
+    """Every field of admission.k8s.io/v1 AdmissionRequest (v1beta1 has the same set)."""
+
+    uid: str = Field(min_length=1)
+    kind: GroupVersionKind
+    resource: GroupVersionResource
+    subResource: str | None = None
+    requestKind: GroupVersionKind | None = None
+    requestResource: GroupVersionResource | None = None
+    requestSubResource: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+    userInfo: UserInfo
+    object: Any = None
+    oldObject: Any = None
+    dryRun: bool | None = None
+    options: Any = None
+
+    def is_pod_create(self) -> bool:
+        return (
+            self.operation == "CREATE"
+            and self.resource.group == ""
+            and self.resource.resource == "pods"
+            and not self.subResource
+        )
+
+
+class AdmissionReview(_Envelope):
+    apiVersion: Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
+    kind: Literal["AdmissionReview"]
+    request: AdmissionRequest
+
+
+class BadReview(Exception):
+    """The body is not an AdmissionReview we can answer; the message says exactly why (HTTP 400)."""
+
+
+def _field_problem(item: Any) -> str:
+    where = ".".join(str(part) for part in item["loc"])
+    kind = item["type"]
+    if kind == "missing":
+        return f"{where} is missing"
+    if kind == "extra_forbidden":
+        return f"{where} is not a field of AdmissionReview"
+    if kind in ("literal_error", "enum"):
+        return f"{where} must be {item['ctx'].get('expected', 'one of the accepted values')} (got {item['input']!r})"
+    if kind == "string_too_short":
+        return f"{where} must not be empty"
+    if kind.startswith("string"):
+        return f"{where} must be a string (got {type(item['input']).__name__})"
+    return f"{where}: {item['msg']}"
+
+
+def parse_review(body: bytes) -> AdmissionReview:
+    """Parse and validate a request body, raising BadReview with a precise message."""
+    if not body or not body.strip():
+        raise BadReview("empty body: expected an AdmissionReview JSON object")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BadReview(f"body is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise BadReview(f"body must be a JSON object (an AdmissionReview), got a JSON {type(data).__name__}")
+    if data.get("kind") != "AdmissionReview":
+        raise BadReview(f"kind must be 'AdmissionReview' (got {data.get('kind')!r})")
+    if data.get("apiVersion") not in SUPPORTED_VERSIONS:
+        raise BadReview(
+            f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)} (got {data.get('apiVersion')!r})"
+        )
+    if not isinstance(data.get("request"), dict):
+        raise BadReview("request is missing: an AdmissionReview sent to a webhook carries a request")
+    try:
+        review = AdmissionReview.model_validate(data)
+    except ValidationError as error:
+        raise BadReview("invalid AdmissionReview: " + "; ".join(_field_problem(e) for e in error.errors())) from None
+    if review.request.is_pod_create():
+        pod = review.request.object
+        if not isinstance(pod, dict) or pod.get("kind") != "Pod" or not isinstance(pod.get("spec"), dict):
+            raise BadReview("request.object must be a Pod (kind 'Pod' with a spec) for a pods CREATE request")
+    return review
+
+
+# -- Response constructors (controller-runtime style: one name per kind of answer) --------------
+
+
+def allowed(uid: str, warnings: tuple[str, ...] = (), audit: dict[str, str] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    _decorate(response, warnings, audit)
+    return response
+
+
+def patched(
+    uid: str,
+    patch: list[Operation] | tuple[Operation, ...],
+    warnings: tuple[str, ...] = (),
+    audit: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    encoded = base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode()
+    response: dict[str, Any] = {"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": encoded}
+    _decorate(response, warnings, audit)
+    return response
+
+
+def denied(
+    uid: str, message: str, warnings: tuple[str, ...] = (), audit: dict[str, str] | None = None
+) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "uid": uid,
+        "allowed": False,
+        "status": {"code": 403, "reason": "Forbidden", "message": message},
+    }
+    _decorate(response, warnings, audit)
+    return response
+
+
+def _decorate(response: dict[str, Any], warnings: tuple[str, ...], audit: dict[str, str] | None) -> None:
+    if warnings:
+        response["warnings"] = [w[:120] for w in warnings]
+    if audit:
+        response["auditAnnotations"] = audit
+
+
+def reply(api_version: str, response: dict[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview envelope around a response, in the version the request came in."""
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}

@@ -1,0 +1,73 @@
+"""The apiserver's validation rules that a patch could break, as pure checks over a Pod dict.
+
+Only extended resources are touched by CastSlice's mutators, so these are the rules checked
+before any patch is sent (ValidateResourceRequirements in k8s.io/kubernetes/pkg/apis/core):
+an extended resource must be a whole number, a request needs an equal limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from function.quantity import QuantityError, parse_quantity
+
+CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def iter_containers(pod: dict[str, Any]) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(list name, index, container) for every container of every kind in the Pod spec."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for kind in CONTAINER_LISTS:
+        containers = spec.get(kind)
+        if isinstance(containers, list):
+            for index, container in enumerate(containers):
+                if isinstance(container, dict):
+                    yield kind, index, container
+
+
+def is_extended_resource(name: str) -> bool:
+    """Mirrors v1helper.IsExtendedResourceName: prefixed, outside kubernetes.io, not quota syntax."""
+    if "/" not in name or name.startswith("requests."):
+        return False
+    domain = name.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+def extended_resource_violations(pod: dict[str, Any]) -> set[str]:
+    """Every way this Pod breaks the extended-resource rules, as stable human-readable strings."""
+    problems: set[str] = set()
+    for kind, index, container in iter_containers(pod):
+        where = f"spec.{kind}[{index}] ({container.get('name', '?')})"
+        resources = container.get("resources") or {}
+        if not isinstance(resources, dict):
+            continue
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        if not isinstance(limits, dict) or not isinstance(requests, dict):
+            problems.add(f"{where}: resources.limits and resources.requests must be maps")
+            continue
+        for name in set(limits) | set(requests):
+            if not is_extended_resource(name):
+                continue
+            values = {}
+            for section, quantities in (("limits", limits), ("requests", requests)):
+                if name not in quantities:
+                    continue
+                try:
+                    value = parse_quantity(quantities[name])
+                except QuantityError:
+                    problems.add(f"{where}: {section}[{name}] is not a valid quantity")
+                    continue
+                if value.denominator != 1:
+                    problems.add(f"{where}: {section}[{name}] must be an integer")
+                if value < 0:
+                    problems.add(f"{where}: {section}[{name}] must be non-negative")
+                values[section] = value
+            if name in requests and name not in limits:
+                problems.add(f"{where}: {name} has a request but no limit")
+            elif len(values) == 2 and values["limits"] != values["requests"]:
+                problems.add(f"{where}: {name} request must equal its limit")
+    return problems
