@@ -66,7 +66,11 @@ def _report(result: DocumentResult, out: TextIO) -> None:
         print(f"{label}: skipped: {result.note}", file=out)
         return
     decision = result.decision
-    print(f"{label}: {decision.outcome}: {decision.reason}", file=out)
+    # The per-mutator lines carry the reasons; the summary adds one only when no mutator spoke.
+    summary = f"{label}: {decision.outcome}"
+    if not decision.decisions or decision.outcome == "error":
+        summary += f": {decision.reason}"
+    print(summary, file=out)
     for part in decision.decisions:
         print(f"  {part.mutator}: {part.action.value}: {part.reason}", file=out)
     for warning in decision.warnings:

@@ -27,10 +27,11 @@ _POSITIVE_INTEGER = re.compile(r"^[1-9][0-9]*$")
 class InvalidAnnotation(Exception):
     """An opted-in Pod carries an annotation value CastSlice cannot act on."""
 
-    def __init__(self, annotation: str, value: object, accepted: str) -> None:
+    def __init__(self, annotation: str, value: object, accepted: str, accepted_short: str = "") -> None:
         self.annotation = annotation
         self.value = value
         self.accepted = accepted
+        self.accepted_short = accepted_short or accepted
         super().__init__(self.message)
 
     @property
@@ -40,7 +41,7 @@ class InvalidAnnotation(Exception):
     @property
     def warning(self) -> str:
         # Warnings reach kubectl and are capped at 120 characters by the apiserver.
-        return f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced; use {self.accepted}"[:120]
+        return f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced; use {self.accepted_short}"[:120]
 
 
 class GpuSlicing:
@@ -50,6 +51,7 @@ class GpuSlicing:
         self.config = config
         self.on_invalid = on_invalid
         self._presets_text = ", ".join(f"{key} ({value})" for key, value in sorted(config.presets.items()))
+        self._presets_short = ", ".join(sorted(config.presets))
 
     def slice_count(self, annotations: dict[str, object]) -> tuple[int, str]:
         """The slice count and where it came from; InvalidAnnotation when a value is unusable."""
@@ -71,7 +73,7 @@ class GpuSlicing:
         if workload is None:
             return ""
         if not isinstance(workload, str) or workload not in self.config.presets:
-            raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text)
+            raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text, self._presets_short)
         return workload
 
     def mutate(self, pod: Pod, request: RequestInfo) -> MutatorResult:

@@ -1,0 +1,49 @@
+"""Helpers shared by the test modules: recorded reviews, the real functions-framework app."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+REVIEWS = DATA / "admission-reviews"
+CONFIGS = DATA / "configs"
+FUNC_SOURCE = ROOT / "function" / "func.py"
+
+REGENERATE = os.environ.get("CASTSLICE_REGENERATE") == "1"
+"""Set to rewrite expected files from current behaviour; review the diff before committing."""
+
+
+def review_names() -> list[str]:
+    return sorted(p.stem for p in REVIEWS.glob("*.json"))
+
+
+def load_review(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((REVIEWS / f"{name}.json").read_text())
+    return data
+
+
+def decode_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply with its base64 patch decoded to operations, for exact comparison."""
+    response = dict(reply["response"])
+    if "patch" in response:
+        response["patch"] = json.loads(base64.b64decode(response["patch"], validate=True))
+    return {**reply, "response": response}
+
+
+def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -> Any:
+    """A TestClient over the real functions-framework ASGI app, built as `castslice serve` builds it."""
+    from functions_framework.aio import create_asgi_app
+    from starlette.testclient import TestClient
+
+    if config_path is None:
+        monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CASTSLICE_CONFIG", str(config_path))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return TestClient(create_asgi_app("mutate", str(FUNC_SOURCE)))
