@@ -39,7 +39,7 @@ def request_info(review: AdmissionReview) -> RequestInfo:
 
 
 def response_for(uid: str, decision: Decision) -> dict[str, Any]:
-    audit = {"outcome": decision.outcome}
+    audit: dict[str, str] = {"outcome": decision.outcome}
     if decision.acting_mutators:
         audit["mutators"] = ",".join(decision.acting_mutators)
     if not decision.allowed:
@@ -66,13 +66,13 @@ class Admission:
             try:
                 decision = self.engine.decide(request.object, info)
                 response = response_for(request.uid, decision)
-            except Exception as error:  # noqa: BLE001 - decide() guards itself; this guards the rest
+            except Exception as error:  # decide() guards itself; this guards building the reply
                 log.exception("internal error answering request uid %s", request.uid)
                 decision = self.engine.internal_error(error, info)
                 response = response_for(request.uid, decision)
         answer = reply(review.apiVersion, response)
         try:
             self.recorder.record(review, decision, answer)
-        except Exception:  # noqa: BLE001 - recording must never turn an answer into a failure
+        except Exception:  # recording must never turn an answer into a failure
             log.exception("recording the decision failed (request uid %s)", request.uid)
         return answer, decision

@@ -42,21 +42,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    app = create_asgi_app(args.target, str(FUNC_SOURCE))
+    app = create_asgi_app(args.target, str(FUNC_SOURCE))  # type: ignore[no-untyped-call]
     options: dict[str, Any] = {}
     if args.tls_cert:
         options.update(certfile=args.tls_cert, keyfile=args.tls_key)
-    create_server(app, False, **options).run(args.host, args.port)
+    create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
     return 0
 
 
 # -- castslice mutate ---------------------------------------------------------------------------
 def _read_documents(path: str) -> list[Any]:
-    stream: TextIO
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        text = Path(path).read_text(encoding="utf-8")
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import re
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,12 +47,12 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
 
 
-class OnInternalError(str, Enum):
+class OnInternalError(StrEnum):
     admit = "admit"
     deny = "deny"
 
 
-class OnInvalidAnnotation(str, Enum):
+class OnInvalidAnnotation(StrEnum):
     deny = "deny"
     warn = "warn"
 

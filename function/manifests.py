@@ -89,7 +89,7 @@ def mutate_document(engine: Engine, index: int, document: Any, default_namespace
 
 
 def _replace_template(document: dict[str, Any], kind: str, pod: dict[str, Any]) -> dict[str, Any]:
-    result = copy_json(document)
+    result: dict[str, Any] = copy_json(document)
     template = result
     for part in TEMPLATE_PATHS[kind]:
         template = template[part]

@@ -79,6 +79,19 @@ class BadReview(Exception):
     """The body is not an AdmissionReview we can answer; the message says exactly why (HTTP 400)."""
 
 
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for messages a Kubernetes user understands."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {"str": "string", "list": "array", "dict": "object"}.get(
+        type(value).__name__, type(value).__name__
+    )
+
+
 def _field_problem(item: Any) -> str:
     where = ".".join(str(part) for part in item["loc"])
     kind = item["type"]
@@ -87,11 +100,14 @@ def _field_problem(item: Any) -> str:
     if kind == "extra_forbidden":
         return f"{where} is not a field of AdmissionReview"
     if kind in ("literal_error", "enum"):
-        return f"{where} must be {item['ctx'].get('expected', 'one of the accepted values')} (got {item['input']!r})"
+        expected = item["ctx"].get("expected", "one of the accepted values")
+        return f"{where} must be {expected} (got {item['input']!r})"
     if kind == "string_too_short":
         return f"{where} must not be empty"
     if kind.startswith("string"):
-        return f"{where} must be a string (got {type(item['input']).__name__})"
+        return f"{where} must be a string (got {json_type(item['input'])})"
+    if kind.startswith("bool"):
+        return f"{where} must be true or false (got {item['input']!r})"
     return f"{where}: {item['msg']}"
 
 
@@ -104,23 +120,32 @@ def parse_review(body: bytes) -> AdmissionReview:
     except (ValueError, UnicodeDecodeError) as error:
         raise BadReview(f"body is not JSON: {error}") from None
     if not isinstance(data, dict):
-        raise BadReview(f"body must be a JSON object (an AdmissionReview), got a JSON {type(data).__name__}")
+        raise BadReview(f"body must be a JSON object (an AdmissionReview), got a JSON {json_type(data)}")
     if data.get("kind") != "AdmissionReview":
         raise BadReview(f"kind must be 'AdmissionReview' (got {data.get('kind')!r})")
     if data.get("apiVersion") not in SUPPORTED_VERSIONS:
         raise BadReview(
             f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)} (got {data.get('apiVersion')!r})"
         )
-    if not isinstance(data.get("request"), dict):
+    if "request" not in data:
         raise BadReview("request is missing: an AdmissionReview sent to a webhook carries a request")
+    if not isinstance(data["request"], dict):
+        raise BadReview(f"request must be a JSON object (got {json_type(data['request'])})")
     try:
         review = AdmissionReview.model_validate(data)
     except ValidationError as error:
-        raise BadReview("invalid AdmissionReview: " + "; ".join(_field_problem(e) for e in error.errors())) from None
+        raise BadReview(
+            "invalid AdmissionReview: " + "; ".join(_field_problem(e) for e in error.errors())
+        ) from None
     if review.request.is_pod_create():
         pod = review.request.object
         if not isinstance(pod, dict) or pod.get("kind") != "Pod" or not isinstance(pod.get("spec"), dict):
-            raise BadReview("request.object must be a Pod (kind 'Pod' with a spec) for a pods CREATE request")
+            got = f"kind {pod.get('kind')!r}" if isinstance(pod, dict) else json_type(pod)
+            if isinstance(pod, dict) and pod.get("kind") == "Pod":
+                got = "a Pod without a spec object"
+            raise BadReview(
+                f"request.object must be a Pod (kind 'Pod' with a spec) for a pods CREATE request (got {got})"
+            )
     return review
 
 

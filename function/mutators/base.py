@@ -9,13 +9,13 @@ claims one thing and does another is caught, not trusted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
 Pod = dict[str, Any]
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     mutated = "mutated"
     unchanged = "unchanged"
     denied = "denied"

@@ -36,12 +36,16 @@ class InvalidAnnotation(Exception):
 
     @property
     def message(self) -> str:
-        return f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
+        return (
+            f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
+        )
 
     @property
     def warning(self) -> str:
         # Warnings reach kubectl and are capped at 120 characters by the apiserver.
-        return f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced; use {self.accepted_short}"[:120]
+        given = f"{self.annotation}={shown(self.value)}"
+        text = f"castslice: {given} ignored, Pod not sliced; use {self.accepted_short}"
+        return text[:120]
 
 
 class GpuSlicing:
@@ -110,6 +114,4 @@ class GpuSlicing:
 
         if not sliced:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}")
-        return MutatorResult.mutated(
-            f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}"
-        )
+        return MutatorResult.mutated(f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}")
