@@ -7,9 +7,8 @@ intended Pod. Only a patch that passes that proof is ever sent.
 
 from __future__ import annotations
 
-from typing import Any
-
 import marshal
+from typing import Any
 
 import jsonpatch
 
