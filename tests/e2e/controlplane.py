@@ -1,0 +1,701 @@
+"""A throwaway Kubernetes control plane (etcd + kube-apiserver +
+kube-controller-manager) for end-to-end tests.
+
+Conventions follow controller-runtime's envtest:
+
+* binaries are looked up in ``$KUBEBUILDER_ASSETS``, then on ``PATH``
+  (``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER`` and
+  ``TEST_ASSET_KUBE_CONTROLLER_MANAGER`` override single binaries);
+  ``.ci/provision-k8s`` builds and caches them:
+  ``export KUBEBUILDER_ASSETS="$(.ci/provision-k8s)"``;
+* without binaries the ``control_plane`` fixture skips, unless
+  ``CASTSLICE_E2E_REQUIRED=1`` (CI), where it fails;
+* there are no nodes: Pods stay Pending, tests look at what the apiserver
+  stores (and at what the controller manager creates, e.g. a Deployment's
+  ReplicaSet and Pods).
+
+Other knobs: ``CASTSLICE_E2E_START_TIMEOUT`` (seconds, default 90) and
+``CASTSLICE_E2E_KEEP=1`` (keep the work dir with certificates and process
+logs after the session, its path is printed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ASSETS_ENV = "KUBEBUILDER_ASSETS"
+REQUIRED_ENV = "CASTSLICE_E2E_REQUIRED"
+TIMEOUT_ENV = "CASTSLICE_E2E_START_TIMEOUT"
+KEEP_ENV = "CASTSLICE_E2E_KEEP"
+
+# binary name -> envtest-style per-binary override variable
+BINARIES = {
+    "etcd": "TEST_ASSET_ETCD",
+    "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
+    "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+}
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+ADMIN_USER = "castslice-e2e-admin"
+LOG_TAIL_LINES = 40
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be started."""
+
+
+# ---------------------------------------------------------------------------
+# binaries
+
+
+def find_binaries() -> tuple[dict[str, Path], list[str]]:
+    """Return (found binaries, descriptions of the missing ones)."""
+    assets = os.environ.get(ASSETS_ENV)
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for name, override in BINARIES.items():
+        candidates: list[Path] = []
+        if os.environ.get(override):
+            candidates.append(Path(os.environ[override]))
+        if assets:
+            candidates.append(Path(assets) / name)
+        on_path = shutil.which(name)
+        if on_path:
+            candidates.append(Path(on_path))
+        for cand in candidates:
+            if cand.is_file() and os.access(cand, os.X_OK):
+                found[name] = cand
+                break
+        else:
+            missing.append(name)
+    return found, missing
+
+
+def _missing_message(missing: Sequence[str]) -> str:
+    assets = os.environ.get(ASSETS_ENV)
+    where = f"${ASSETS_ENV}={assets}" if assets else f"${ASSETS_ENV} (unset)"
+    return (
+        f"e2e control plane binaries not found: {', '.join(missing)} "
+        f"(looked in {where} and on PATH); provision them with "
+        f'`export {ASSETS_ENV}="$(.ci/provision-k8s)"`'
+    )
+
+
+# ---------------------------------------------------------------------------
+# certificates (the `cryptography` package, a test dependency)
+
+
+@dataclass(frozen=True)
+class CertKey:
+    cert: Path
+    key: Path
+
+
+class _CertFactory:
+    """Writes PEM certificates and keys into a directory (with `cryptography`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ca: CertKey | None = None
+        self._ca_objs: tuple[Any, Any] | None = None
+
+    # -- public API
+    def make_ca(self, common_name: str = "castslice-e2e-ca") -> CertKey:
+        self.ca = self._make_ca(common_name)
+        return self.ca
+
+    def issue(
+        self,
+        name: str,
+        common_name: str,
+        organizations: Sequence[str] = (),
+        dns_names: Sequence[str] = (),
+        ip_addresses: Sequence[str] = (),
+        server: bool = False,
+        client: bool = False,
+    ) -> CertKey:
+        """Issue a certificate signed by the CA, written to <name>.crt/.key."""
+        if self._ca_objs is None:
+            raise ControlPlaneError("make_ca() first")
+        return self._issue(
+            name,
+            common_name,
+            list(organizations),
+            list(dns_names),
+            list(ip_addresses),
+            server,
+            client,
+        )
+
+    def rsa_keypair(self, name: str) -> tuple[Path, Path]:
+        """An RSA key pair: (<name>.key private PEM, <name>.pub public PEM)."""
+        return self._keypair(name)
+
+    # -- implementation
+    def _write_key(self, path: Path, key: Any) -> None:
+        from cryptography.hazmat.primitives import serialization
+
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
+
+    @staticmethod
+    def _new_rsa() -> Any:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def _builder(self, subject: Any, issuer: Any, public_key: Any) -> Any:
+        from cryptography import x509
+
+        now = datetime.datetime.now(datetime.UTC)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+        )
+
+    def _make_ca(self, common_name: str) -> CertKey:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.x509.oid import NameOID
+
+        key = self._new_rsa()
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        cert = (
+            self._builder(name, name, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        out = CertKey(self.dir / "ca.crt", self.dir / "ca.key")
+        out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self._write_key(out.key, key)
+        self._ca_objs = (cert, key)
+        return out
+
+    def _issue(
+        self,
+        name: str,
+        common_name: str,
+        orgs: list[str],
+        dns: list[str],
+        ips: list[str],
+        server: bool,
+        client: bool,
+    ) -> CertKey:
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        assert self._ca_objs is not None
+        ca_cert, ca_key = self._ca_objs
+        key = self._new_rsa()
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            self._builder(x509.Name(attrs), ca_cert.subject, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                critical=False,
+            )
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        out = CertKey(self.dir / f"{name}.crt", self.dir / f"{name}.key")
+        out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self._write_key(out.key, key)
+        return out
+
+    def _keypair(self, name: str) -> tuple[Path, Path]:
+        from cryptography.hazmat.primitives import serialization
+
+        key = self._new_rsa()
+        priv, pub = self.dir / f"{name}.key", self.dir / f"{name}.pub"
+        self._write_key(priv, key)
+        pub.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM,
+                serialization.PublicFormat.SubjectPublicKeyInfo,
+            )
+        )
+        return priv, pub
+
+
+# ---------------------------------------------------------------------------
+# processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class _Process:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as logf:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def exited(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout)
+
+    def describe_failure(self, what: str) -> str:
+        rc = self.exited()
+        state = f"exited with code {rc}" if rc is not None else "still running"
+        where = (
+            f"log {self.log}" if os.environ.get(KEEP_ENV) == "1" else (f"set {KEEP_ENV}=1 to keep its log")
+        )
+        return f"{what} ({self.name} {state}; {where}); last {LOG_TAIL_LINES} log lines:\n{_tail(self.log)}"
+
+
+# ---------------------------------------------------------------------------
+# the control plane
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane. Attributes:
+
+    host            https://127.0.0.1:<port> of the kube-apiserver
+    ca_cert         CA certificate (PEM) that signed every cert here; trust it
+                    to talk to the apiserver
+    ca_key          its private key (e.g. to sign a webhook's serving cert;
+                    see ``issue_cert``)
+    client_cert     admin client certificate (O=system:masters)
+    client_key      its key
+    kubeconfig      kubeconfig file for the admin user (absolute paths)
+    etcd_url        http://127.0.0.1:<port> of etcd
+    workdir         temp dir with certificates, kubeconfigs and logs/*.log
+    binaries        paths of the binaries used
+    """
+
+    host: str
+    ca_cert: Path
+    ca_key: Path
+    client_cert: Path
+    client_key: Path
+    kubeconfig: Path
+    etcd_url: str
+    workdir: Path
+    binaries: dict[str, Path]
+    _certs: _CertFactory = field(repr=False)
+    _processes: list[_Process] = field(repr=False, default_factory=list)
+    _dirs: list[Path] = field(repr=False, default_factory=list)
+
+    @property
+    def logs(self) -> dict[str, Path]:
+        return {p.name: p.log for p in self._processes}
+
+    def api_client(self) -> Any:
+        """A new ``kubernetes.client.ApiClient`` authenticated as admin."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.host
+        cfg.ssl_ca_cert = str(self.ca_cert)
+        cfg.cert_file = str(self.client_cert)
+        cfg.key_file = str(self.client_key)
+        cfg.verify_ssl = True
+        return client.ApiClient(cfg)
+
+    def issue_cert(
+        self,
+        name: str,
+        common_name: str,
+        *,
+        dns_names: Sequence[str] = (),
+        ip_addresses: Sequence[str] = (),
+        organizations: Sequence[str] = (),
+        server: bool = True,
+        client: bool = False,
+    ) -> CertKey:
+        """Issue a certificate signed by ``ca_cert`` into ``workdir/certs``
+        (e.g. a webhook serving cert for 127.0.0.1; its caBundle is
+        ``ca_cert``'s content)."""
+        return self._certs.issue(
+            name,
+            common_name,
+            organizations=organizations,
+            dns_names=dns_names,
+            ip_addresses=ip_addresses,
+            server=server,
+            client=client,
+        )
+
+    def get(self, path: str, timeout: float = 5.0, accept: str | None = None) -> tuple[int, bytes]:
+        """GET ``path`` on the apiserver as admin (raw HTTP): (status, body)."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        request = urllib.request.Request(self.host + path, headers={"Accept": accept} if accept else {})
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_for_service_account(self, namespace: str, name: str = "default", timeout: float = 60.0) -> None:
+        """Wait until the ServiceAccount exists and has its token secret
+        (Kubernetes 1.20's ServiceAccount admission rejects Pods before)."""
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+
+        def ready() -> bool:
+            status, body = self.get(path)
+            return status == 200 and bool(json.loads(body).get("secrets"))
+
+        self._wait(
+            ready, timeout, f"ServiceAccount {namespace}/{name} with a token", "kube-controller-manager"
+        )
+
+    def create_namespace(self, name: str, timeout: float = 60.0) -> None:
+        """Create a namespace and wait for its default ServiceAccount, so that
+        Pods can be created in it right away."""
+        from kubernetes import client
+
+        with self.api_client() as api:
+            client.CoreV1Api(api).create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+            )
+        self.wait_for_service_account(name, timeout=timeout)
+
+    # -- internals
+    def _process(self, name: str) -> _Process:
+        return next(p for p in self._processes if p.name == name)
+
+    def _wait(self, check: Callable[[], bool], timeout: float, what: str, blame: str) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = ""
+        while True:
+            for p in self._processes:
+                if p.exited() is not None:
+                    raise ControlPlaneError(p.describe_failure(f"{p.name} died while waiting for {what}"))
+            try:
+                if check():
+                    return
+            except (OSError, ValueError) as e:
+                last_error = f" (last error: {e})"
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    self._process(blame).describe_failure(
+                        f"timed out after {timeout:.0f}s waiting for {what}{last_error}"
+                    )
+                )
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        for p in reversed(self._processes):
+            p.stop()
+        if os.environ.get(KEEP_ENV) == "1":
+            print(f"\n[control_plane] kept work dir {self.workdir}")
+            return
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _write_kubeconfig(path: Path, host: str, ca: Path, cert: CertKey, user: str) -> None:
+    # JSON is YAML: no dependency needed to write it.
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "e2e", "cluster": {"server": host, "certificate-authority": str(ca)}}],
+                "users": [
+                    {
+                        "name": user,
+                        "user": {"client-certificate": str(cert.cert), "client-key": str(cert.key)},
+                    }
+                ],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+                "current-context": "e2e",
+            },
+            indent=2,
+        )
+    )
+
+
+def start_control_plane(binaries: dict[str, Path], timeout: float | None = None) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager; return once
+    the apiserver is ready and ``default/default`` ServiceAccount has its
+    token. Raises ControlPlaneError (with log tails) on failure."""
+    if timeout is None:
+        timeout = float(os.environ.get(TIMEOUT_ENV, "90"))
+    workdir = Path(tempfile.mkdtemp(prefix="castslice-e2e-"))
+    # etcd fsyncs a lot: keep its data on tmpfs when there is one.
+    shm = Path("/dev/shm")
+    etcd_parent = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    etcd_data = Path(tempfile.mkdtemp(prefix="castslice-e2e-etcd-", dir=etcd_parent))
+    try:
+        return _start(binaries, timeout, workdir, etcd_data)
+    except BaseException:
+        if os.environ.get(KEEP_ENV) != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(etcd_data, ignore_errors=True)
+        raise
+
+
+def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: Path) -> ControlPlane:
+    logs = workdir / "logs"
+    logs.mkdir()
+
+    certs = _CertFactory(workdir / "certs")
+    ca = certs.make_ca()
+    serving = certs.issue(
+        "apiserver",
+        "kube-apiserver",
+        dns_names=[
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ],
+        ip_addresses=["127.0.0.1", "10.0.0.1"],
+        server=True,
+    )
+    admin = certs.issue("admin", ADMIN_USER, organizations=["system:masters"], client=True)
+    kcm_cert = certs.issue(
+        "controller-manager",
+        "system:kube-controller-manager",
+        organizations=["system:masters"],
+        client=True,
+    )
+    sa_key, sa_pub = certs.rsa_keypair("service-account")
+
+    etcd_port, etcd_peer_port, api_port = free_port(), free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    host = f"https://127.0.0.1:{api_port}"
+    admin_kubeconfig = workdir / "admin.kubeconfig"
+    _write_kubeconfig(admin_kubeconfig, host, ca.cert, admin, ADMIN_USER)
+    kcm_kubeconfig = workdir / "controller-manager.kubeconfig"
+    _write_kubeconfig(kcm_kubeconfig, host, ca.cert, kcm_cert, "system:kube-controller-manager")
+
+    cp = ControlPlane(
+        host=host,
+        ca_cert=ca.cert,
+        ca_key=ca.key,
+        client_cert=admin.cert,
+        client_key=admin.key,
+        kubeconfig=admin_kubeconfig,
+        etcd_url=etcd_url,
+        workdir=workdir,
+        binaries=dict(binaries),
+        _certs=certs,
+        _dirs=[workdir, etcd_data],
+    )
+    etcd_peer = f"http://127.0.0.1:{etcd_peer_port}"
+    processes = [
+        _Process(
+            "etcd",
+            [
+                str(binaries["etcd"]),
+                "--name=e2e",
+                f"--data-dir={etcd_data}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={etcd_peer}",
+                f"--initial-advertise-peer-urls={etcd_peer}",
+                f"--initial-cluster=e2e={etcd_peer}",
+                "--initial-cluster-state=new",
+                "--logger=zap",
+                "--log-level=warn",
+            ],
+            logs / "etcd.log",
+        ),
+        _Process(
+            "kube-apiserver",
+            [
+                str(binaries["kube-apiserver"]),
+                "--advertise-address=127.0.0.1",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                "--insecure-port=0",
+                f"--cert-dir={workdir / 'certs'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={ca.cert}",
+                f"--etcd-servers={etcd_url}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={sa_pub}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,"
+                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                "--allow-privileged=true",
+                # An Endpoints object for `kubernetes` pointing at 127.0.0.1 is
+                # rejected (loopback) and nothing could reach it anyway.
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
+            logs / "kube-apiserver.log",
+        ),
+        _Process(
+            "kube-controller-manager",
+            [
+                str(binaries["kube-controller-manager"]),
+                f"--kubeconfig={kcm_kubeconfig}",
+                "--controllers=*",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                f"--service-account-private-key-file={sa_key}",
+                f"--root-ca-file={ca.cert}",
+                f"--cluster-signing-cert-file={ca.cert}",
+                f"--cluster-signing-key-file={ca.key}",
+                "--port=0",
+                "--secure-port=0",
+                "--v=1",
+            ],
+            logs / "kube-controller-manager.log",
+        ),
+    ]
+
+    try:
+        processes[0].start()
+        cp._processes.append(processes[0])
+        cp._wait(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd /health", "etcd")
+
+        processes[1].start()
+        cp._processes.append(processes[1])
+        cp._wait(lambda: cp.get("/readyz")[0] == 200, timeout, "kube-apiserver /readyz", "kube-apiserver")
+
+        processes[2].start()
+        cp._processes.append(processes[2])
+        cp.wait_for_service_account("default", timeout=timeout)
+    except BaseException:
+        cp.stop()
+        raise
+    return cp
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def control_plane_fixture() -> Iterator[ControlPlane]:
+    """Generator behind the ``control_plane`` fixture (see conftest.py)."""
+    binaries, missing = find_binaries()
+    msg = _missing_message(missing) if missing else ""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        msg = "the `cryptography` package (a test dependency) is not installed; " + msg
+    if msg:
+        if os.environ.get(REQUIRED_ENV) == "1":
+            pytest.fail(f"{msg} [{REQUIRED_ENV}=1]", pytrace=False)
+        pytest.skip(msg)
+    try:
+        cp = start_control_plane(binaries)
+    except ControlPlaneError as e:
+        pytest.fail(f"could not start the e2e control plane: {e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """Session-wide etcd + kube-apiserver + kube-controller-manager."""
+    yield from control_plane_fixture()
