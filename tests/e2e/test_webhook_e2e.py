@@ -1,0 +1,425 @@
+"""CastSlice registered as the mutating webhook of a real kube-apiserver (1.20, with etcd and a
+kube-controller-manager), checked on the objects the apiserver stores.
+
+The webhook is served by `castslice serve` with TLS on loopback, exactly as the Deployment overlay
+runs it. Its MutatingWebhookConfiguration is the project's own (knative/base/webhook.yaml, as
+kustomize renders it): same rules, side effects, failure policy, timeout, reinvocation policy and
+selectors; only clientConfig is pointed at the local server, with the test CA as caBundle.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.manifests_support import KNATIVE_DIR, one, render
+
+from .controlplane import ControlPlane, free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CASTSLICE = str(Path(sys.executable).parent / "castslice")
+SLICING_NS = "e2e-slicing"
+VGPU_NS = "e2e-vgpu"
+SPLIT_LABEL = "castslice-e2e"
+"""Namespaces labelled castslice-e2e=vgpu go to a second server whose configuration enables vGPU."""
+
+
+# -- a broker stand-in that records the CloudEvents the webhook sends ----------------------------
+class EventLog:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def subjects(self) -> list[str]:
+        with self.lock:
+            return [e["headers"].get("ce-subject", "") for e in self.events]
+
+
+def start_event_sink(log: EventLog) -> tuple[str, http.server.ThreadingHTTPServer]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            with log.lock:
+                log.events.append({"headers": headers, "body": body})
+            self.send_response(202)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/", server
+
+
+# -- the webhook servers -----------------------------------------------------------------------
+class WebhookServer:
+    def __init__(self, plane: ControlPlane, name: str, config: dict[str, Any], sink: str) -> None:
+        self.port = free_port()
+        cert = plane.issue_cert(
+            f"webhook-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
+        )
+        self.config_path = plane.workdir / f"castslice-{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = plane.workdir / f"castslice-{name}.log"
+        env = {
+            **os.environ,
+            "CASTSLICE_CONFIG": str(self.config_path),
+            "K_SINK": sink,
+            "HOME": str(plane.workdir),
+            "WORKERS": "1",
+        }
+        command = [
+            CASTSLICE,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--tls-cert",
+            str(cert.cert),
+            "--tls-key",
+            str(cert.key),
+        ]
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT
+        )
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._wait_ready(plane)
+
+    def _wait_ready(self, plane: ControlPlane) -> None:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"castslice serve exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", context=context, timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"castslice serve not ready: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def webhook_configuration(name: str, server: WebhookServer, ca: bytes, split: str) -> dict[str, Any]:
+    """The project's own webhook manifest, pointed at ``server``; ``split`` routes test namespaces."""
+    rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
+    configuration = copy.deepcopy(rendered)
+    configuration["metadata"] = {"name": name}  # no cert-manager here: the CA is given directly
+    for hook in configuration["webhooks"]:
+        path = hook["clientConfig"].get("path") or "/" + hook["clientConfig"]["url"].split("/", 3)[3]
+        hook["clientConfig"] = {"url": server.url + path, "caBundle": base64.b64encode(ca).decode()}
+        hook["name"] = f"{name}.castslice.castops.io"
+        hook["namespaceSelector"]["matchExpressions"].append(
+            {"key": SPLIT_LABEL, "operator": "In" if split == "vgpu" else "NotIn", "values": ["vgpu"]}
+        )
+    return configuration
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
+    from kubernetes import client
+
+    events = EventLog()
+    sink_url, sink = start_event_sink(events)
+    slicing = WebhookServer(control_plane, "slicing", {}, sink_url)
+    vgpu = WebhookServer(control_plane, "vgpu", {"vgpu": {"enabled": True}}, sink_url)
+    ca = control_plane.ca_cert.read_bytes()
+    api = control_plane.api_client()
+    registration = client.AdmissionregistrationV1Api(api)
+    names = []
+    for name, server, split in (("e2e-slicing", slicing, "slicing"), ("e2e-vgpu", vgpu, "vgpu")):
+        registration.create_mutating_webhook_configuration(webhook_configuration(name, server, ca, split))
+        names.append(name)
+    control_plane.create_namespace(SLICING_NS)
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": VGPU_NS, "labels": {SPLIT_LABEL: "vgpu"}}})
+    control_plane.wait_for_service_account(VGPU_NS)
+    _wait_webhook_active(core)
+    try:
+        yield {
+            "api": api,
+            "core": core,
+            "apps": client.AppsV1Api(api),
+            "events": events,
+            "slicing": slicing,
+            "vgpu": vgpu,
+        }
+    finally:
+        for name in names:
+            registration.delete_mutating_webhook_configuration(name)
+        slicing.stop()
+        vgpu.stop()
+        sink.shutdown()
+        api.close()
+
+
+def _wait_webhook_active(core: Any) -> None:
+    """The apiserver picks up new webhook configurations asynchronously: probe with a dry run."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        probe = pod("probe", {"castops.io/optimize": "true"}, limits={"nvidia.com/gpu": "1"})
+        created = core.create_namespaced_pod(SLICING_NS, probe, dry_run="All")
+        if "nvidia.com/gpu-shared" in (created.spec.containers[0].resources.limits or {}):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the webhook never became active")
+
+
+def pod(
+    name: str,
+    annotations: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits:
+        container["resources"] = {"limits": limits}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
+        "spec": {"containers": [container], **spec},
+    }
+
+
+def stored(cluster: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    raw = cluster["core"].read_namespaced_pod(name, namespace, _preload_content=False)
+    data: dict[str, Any] = json.loads(raw.data)
+    return data
+
+
+def resources_of(stored_pod: dict[str, Any], kind: str = "containers", index: int = 0) -> dict[str, Any]:
+    resources: dict[str, Any] = stored_pod["spec"][kind][index].get("resources", {})
+    return resources
+
+
+OPTED_IN = {"castops.io/optimize": "true"}
+GPU = {"nvidia.com/gpu": "1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "annotations", "limits", "expected"),
+    [
+        ("inference", {**OPTED_IN, "castops.io/workload-type": "inference"}, GPU, "2"),
+        ("training", {**OPTED_IN, "castops.io/workload-type": "training"}, GPU, "4"),
+        ("batch", {**OPTED_IN, "castops.io/workload-type": "batch"}, GPU, "2"),
+        ("dev", {**OPTED_IN, "castops.io/workload-type": "dev"}, GPU, "1"),
+        ("default-count", OPTED_IN, GPU, "1"),
+        (
+            "ratio-wins",
+            {**OPTED_IN, "castops.io/slice-ratio": "8", "castops.io/workload-type": "training"},
+            {"nvidia.com/gpu": "2"},
+            "8",
+        ),
+    ],
+)
+def test_opted_in_pod_is_stored_with_shared_gpus_in_requests_and_limits(
+    cluster: dict[str, Any], name: str, annotations: dict[str, str], limits: dict[str, str], expected: str
+) -> None:
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod(name, annotations, limits))
+    resources = resources_of(stored(cluster, SLICING_NS, name))
+    assert resources == {
+        "limits": {"nvidia.com/gpu-shared": expected},
+        "requests": {"nvidia.com/gpu-shared": expected},
+    }
+
+
+def test_init_containers_and_unrelated_resources(cluster: dict[str, Any]) -> None:
+    manifest = pod(
+        "with-init",
+        {**OPTED_IN, "castops.io/workload-type": "batch"},
+        {"nvidia.com/gpu": "1", "memory": "1Gi"},
+    )
+    manifest["spec"]["initContainers"] = [
+        {"name": "warmup", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    ]
+    manifest["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    cluster["core"].create_namespaced_pod(SLICING_NS, manifest)
+    result = stored(cluster, SLICING_NS, "with-init")
+    assert resources_of(result, "initContainers") == {
+        "limits": {"nvidia.com/gpu-shared": "2"},
+        "requests": {"nvidia.com/gpu-shared": "2"},
+    }
+    assert resources_of(result) == {
+        "limits": {"memory": "1Gi", "nvidia.com/gpu-shared": "2"},
+        "requests": {"memory": "1Gi", "nvidia.com/gpu-shared": "2"},
+    }
+    assert resources_of(result, index=1) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "annotations", "limits", "labels"),
+    [
+        ("not-opted-in", {"castops.io/optimize": "True"}, GPU, {}),
+        ("no-gpu", OPTED_IN, {"memory": "64Mi"}, {}),
+        ("opted-out", OPTED_IN, GPU, {"castops.io/webhook": "ignore"}),
+    ],
+)
+def test_pods_where_nothing_applies_are_stored_unchanged(
+    cluster: dict[str, Any],
+    name: str,
+    annotations: dict[str, str],
+    limits: dict[str, str],
+    labels: dict[str, str],
+) -> None:
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod(name, annotations, limits, labels))
+    resources = resources_of(stored(cluster, SLICING_NS, name))
+    assert resources == {"limits": limits, "requests": limits}
+
+
+def test_excluded_namespace_is_left_alone_even_when_the_selector_lets_it_through(
+    cluster: dict[str, Any],
+) -> None:
+    # Kubernetes 1.20 has no kubernetes.io/metadata.name label, so the namespaceSelector matches
+    # kube-system: the function's own excludedNamespaces must be the backstop.
+    cluster["core"].create_namespaced_pod("kube-system", pod("in-kube-system", OPTED_IN, GPU))
+    try:
+        assert resources_of(stored(cluster, "kube-system", "in-kube-system"))["limits"] == GPU
+    finally:
+        cluster["core"].delete_namespaced_pod("in-kube-system", "kube-system", grace_period_seconds=0)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value", "accepted"),
+    [
+        ("castops.io/slice-ratio", "-3", "a whole number from 1 to 1000"),
+        ("castops.io/slice-ratio", "abc", "a whole number from 1 to 1000"),
+        ("castops.io/workload-type", "simulation", "batch (2), dev (1), inference (2), training (4)"),
+    ],
+)
+def test_bad_annotation_is_denied_with_a_message_the_client_sees(
+    cluster: dict[str, Any], annotation: str, value: str, accepted: str
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as denied:
+        cluster["core"].create_namespaced_pod(SLICING_NS, pod("bad", {**OPTED_IN, annotation: value}, GPU))
+    assert denied.value.status == 403
+    message = json.loads(denied.value.body)["message"]
+    assert "denied the request" in message
+    assert f'annotation {annotation}: "{value}" is not valid; accepted: {accepted}' in message
+
+
+def test_deployment_pods_created_by_the_controller_manager_are_sliced(cluster: dict[str, Any]) -> None:
+    template = pod("unused", {**OPTED_IN, "castops.io/workload-type": "inference"}, GPU, {"app": "fleet"})
+    del template["metadata"]["name"]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "fleet"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "fleet"}},
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+    cluster["apps"].create_namespaced_deployment(SLICING_NS, deployment)
+    deadline = time.monotonic() + 60
+    pods: list[Any] = []
+    while time.monotonic() < deadline:
+        pods = cluster["core"].list_namespaced_pod(SLICING_NS, label_selector="app=fleet").items
+        if len(pods) == 2:
+            break
+        time.sleep(0.5)
+    assert len(pods) == 2, "the controller manager did not create the Deployment's Pods"
+    for created in pods:
+        assert created.metadata.generate_name  # controller-made: no name in the admission request
+        resources = created.spec.containers[0].resources
+        assert resources.limits == {"nvidia.com/gpu-shared": "2"}
+        assert resources.requests == {"nvidia.com/gpu-shared": "2"}
+    # The Deployment's own template is not a Pod: it stays as written.
+    template_resources = cluster["apps"].read_namespaced_deployment("fleet", SLICING_NS).spec.template.spec
+    assert template_resources.containers[0].resources.limits == GPU
+
+
+def _wait_for_event(events: EventLog, subject: str, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subject in events.subjects():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_server_side_dry_run_mutates_but_emits_no_audit_event(cluster: dict[str, Any]) -> None:
+    events: EventLog = cluster["events"]
+    dry = cluster["core"].create_namespaced_pod(SLICING_NS, pod("dry", OPTED_IN, GPU), dry_run="All")
+    assert dry.spec.containers[0].resources.limits == {"nvidia.com/gpu-shared": "1"}
+    # A real creation afterwards: its event proves the sender is working, so the dry run's
+    # absence is not just a slow queue.
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod("wet", OPTED_IN, GPU))
+    assert _wait_for_event(events, f"namespaces/{SLICING_NS}/pods/wet")
+    assert f"namespaces/{SLICING_NS}/pods/dry" not in events.subjects()
+    wet = next(
+        e for e in events.events if e["headers"].get("ce-subject") == f"namespaces/{SLICING_NS}/pods/wet"
+    )
+    assert wet["headers"]["ce-type"] == "io.castops.castslice.admission.mutated.v1"
+    assert json.loads(wet["body"])["request"]["uid"] if "request" in json.loads(wet["body"]) else True
+
+
+def test_vgpu_pod_goes_to_the_vgpu_scheduler_with_priority_env(cluster: dict[str, Any]) -> None:
+    manifest = pod(
+        "cuda", limits={"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30", "nvidia.com/priority": "1"}
+    )
+    cluster["core"].create_namespaced_pod(VGPU_NS, manifest)
+    result = stored(cluster, VGPU_NS, "cuda")
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+    container = result["spec"]["containers"][0]
+    assert {"name": "CUDA_TASK_PRIORITY", "value": "1"} in container.get("env", [])
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+
+
+def test_vgpu_pod_with_node_name_is_denied(cluster: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as denied:
+        cluster["core"].create_namespaced_pod(VGPU_NS, pod("pinned", limits=GPU, nodeName="gpu-node-1"))
+    assert denied.value.status == 403
+    assert "nodeName" in json.loads(denied.value.body)["message"]
+
+
+def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any]) -> None:
+    from tests.e2e.crds import apply_dry_run, install_crds
+
+    install_crds(cluster["api"])
+    for directory in sorted(p.parent for p in KNATIVE_DIR.rglob("kustomization.yaml")):
+        apply_dry_run(cluster["api"], render(directory), str(directory.relative_to(ROOT)))
+
+
+def test_zz_pods_are_admitted_unmutated_when_the_webhook_is_down(cluster: dict[str, Any]) -> None:
+    """Runs last in this module (pytest keeps file order): it stops the slicing server."""
+    cluster["slicing"].stop()
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod("while-down", OPTED_IN, GPU))
+    assert resources_of(stored(cluster, SLICING_NS, "while-down"))["limits"] == GPU
