@@ -86,14 +86,23 @@ class GpuSlicingConfig(Strict):
 
 
 class VgpuDevice(Strict):
-    """One vendor's vGPU resource names (HAMi's device table)."""
+    """One vendor's vGPU resource names (HAMi's device table).
+
+    A container asking for any of these resources makes its Pod a vGPU Pod. Only ``countResource``
+    is required: HAMi's Cambricon, Hygon, Iluvatar and Ascend entries have a count and a memory
+    resource (and mostly a cores resource), no percentage or priority.
+    """
 
     vendor: str = Field(min_length=1)
     countResource: ResourceName
     memoryResource: ResourceName | None = None
     memoryPercentageResource: ResourceName | None = None
+    """A share of the device's memory in percent: a whole number from 0 to 100."""
     coresResource: ResourceName | None = None
     priorityResource: ResourceName | None = None
+    """Its value becomes the env ``priorityEnv`` of the container (HAMi's task priority)."""
+    visibleDevicesEnv: str | None = None
+    """With ``overwriteEnv``, a container with none of this device's resources gets ``<env>=none``."""
 
     @field_validator(
         "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
@@ -101,6 +110,31 @@ class VgpuDevice(Strict):
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         return None if value is None else _check_resource_name(value)
+
+    @field_validator("visibleDevicesEnv")
+    @classmethod
+    def _env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """Every resource name of this device, count first."""
+        names = (
+            self.countResource,
+            self.memoryResource,
+            self.memoryPercentageResource,
+            self.coresResource,
+            self.priorityResource,
+        )
+        return tuple(name for name in names if name is not None)
+
+    @property
+    def count_qualifiers(self) -> tuple[str, ...]:
+        """The resources that, asked for without a count, get ``defaultCount`` added."""
+        names = (self.memoryResource, self.memoryPercentageResource, self.coresResource)
+        return tuple(name for name in names if name is not None)
 
 
 def _nvidia_device() -> VgpuDevice:
@@ -111,6 +145,7 @@ def _nvidia_device() -> VgpuDevice:
         memoryPercentageResource="nvidia.com/gpumem-percentage",
         coresResource="nvidia.com/gpucores",
         priorityResource="nvidia.com/priority",
+        visibleDevicesEnv="NVIDIA_VISIBLE_DEVICES",
     )
 
 
@@ -119,18 +154,23 @@ class VgpuConfig(Strict):
 
     enabled: bool = False
     schedulerName: str = "hami-scheduler"
+    forceOverwriteDefaultScheduler: bool = True
+    """HAMi's flag of the same name (its Helm default is true): a vGPU Pod naming
+    ``default-scheduler`` (what the apiserver fills in) is redirected. False leaves such Pods alone,
+    so only Pods with no schedulerName or the vGPU scheduler's own name are handled."""
     forceSchedulerName: bool = False
-    """True overwrites a non-default schedulerName the Pod already names (HAMi's force-overwrite flag)."""
+    """True also redirects a vGPU Pod that names another scheduler (HAMi never does: it leaves the
+    Pod alone). The default-scheduler case is ``forceOverwriteDefaultScheduler``."""
     defaultCount: int = Field(default=1, ge=0)
     """Count added to a container asking only for memory, memory percentage or cores; 0 adds none."""
     overwriteEnv: bool = False
-    """Give containers without a vGPU NVIDIA_VISIBLE_DEVICES=none."""
+    """Give containers without a device of the table ``<visibleDevicesEnv>=none`` (NVIDIA_VISIBLE_DEVICES)."""
     denyPrivileged: bool = True
     """Current HAMi denies vGPU Pods with a privileged container; False restores the old skip + warning."""
     priorityEnv: str = "CUDA_TASK_PRIORITY"
     optOutLabel: str = "hami.io/webhook"
     optOutValue: str = "ignore"
-    devices: list[VgpuDevice] = Field(default_factory=lambda: [_nvidia_device()])
+    devices: list[VgpuDevice] = Field(default_factory=lambda: [_nvidia_device()], min_length=1)
 
     @field_validator("schedulerName")
     @classmethod
@@ -145,6 +185,28 @@ class VgpuConfig(Strict):
         if not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not a valid environment variable name")
         return value
+
+    @model_validator(mode="after")
+    def _distinct_devices(self) -> VgpuConfig:
+        if self.schedulerName == "default-scheduler":
+            raise ValueError("schedulerName must name the vGPU scheduler, not default-scheduler")
+        owners: dict[str, str] = {}
+        for device in self.devices:
+            if device.vendor in owners.values():
+                raise ValueError(f"vendor {device.vendor!r} appears twice in devices")
+            for name in device.resources:
+                if name in owners:
+                    raise ValueError(f"resource {name!r} is listed twice in devices ({owners[name]})")
+                owners[name] = device.vendor
+        return self
+
+    def resources_needing_count(self, count_resource: str) -> tuple[str, ...]:
+        """The other resources of the device counted by ``count_resource`` (memory, cores, ...):
+        they mean nothing to anything but the vGPU scheduler."""
+        for device in self.devices:
+            if device.countResource == count_resource:
+                return tuple(name for name in device.resources if name != count_resource)
+        return ()
 
 
 class AuditConfig(Strict):

@@ -27,6 +27,7 @@ from function.mutators.base import (
     labels_of,
 )
 from function.mutators.gpu_slicing import GpuSlicing
+from function.mutators.vgpu import Vgpu
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
 from function.rules import extended_resource_violations
 
@@ -78,10 +79,25 @@ class MutatorLied(Exception):
 
 
 def build_mutators(config: Config) -> list[Mutator]:
-    """The mutators the configuration switches on, in the engine's fixed order."""
+    """The mutators the configuration switches on, in the engine's fixed order.
+
+    1. gpu-slicing: an explicit per-Pod opt-in (castops.io/optimize) wins over a cluster-wide
+       default, so it runs first. It renames nvidia.com/gpu, after which vgpu sees no count.
+    2. vgpu: HAMi's redirection of every Pod still asking for a vGPU resource.
+
+    When both are on they are told about each other, so the pair converges in one pass: slicing
+    treats an opted-in Pod that also asks for HAMi memory/cores/priority as bad input (deny, or
+    with invalidAnnotations: warn, not sliced and left to vgpu), since vgpu would otherwise add
+    back the count slicing removed; vgpu counts the renamed resource as a GPU for overwriteEnv.
+    """
     mutators: list[Mutator] = []
-    if config.gpuSlicing.enabled:
-        mutators.append(GpuSlicing(config.gpuSlicing, config.invalidAnnotations))
+    slicing, vgpu = config.gpuSlicing, config.vgpu
+    if slicing.enabled:
+        conflicts = vgpu.resources_needing_count(slicing.sourceResource) if vgpu.enabled else ()
+        mutators.append(GpuSlicing(slicing, config.invalidAnnotations, conflicts))
+    if vgpu.enabled:
+        renamed = {slicing.sourceResource: slicing.targetResource} if slicing.enabled else {}
+        mutators.append(Vgpu(vgpu, config.invalidAnnotations, renamed))
     return mutators
 
 

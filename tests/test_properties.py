@@ -27,13 +27,25 @@ CONFIGS = {
             "excludedNamespaces": [],
         }
     ),
+    # vGPU beside slicing (they must compose and converge), HAMi's legacy mode with the env
+    # overwrite under warn, and vGPU alone taking Pods from any scheduler.
+    "vgpu": parse_config({"vgpu": {"enabled": True}}),
+    "vgpu-legacy-warn": parse_config(
+        {
+            "invalidAnnotations": "warn",
+            "vgpu": {"enabled": True, "denyPrivileged": False, "overwriteEnv": True},
+        }
+    ),
+    "vgpu-only": parse_config(
+        {"gpuSlicing": {"enabled": False}, "vgpu": {"enabled": True, "forceSchedulerName": True}}
+    ),
 }
 
 EXTENDED = ["nvidia.com/gpu", "nvidia.com/gpu-shared", "nvidia.com/gpu.shared", "example.com/fpga"]
 VGPU = ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores", "nvidia.com/priority"]
 NATIVE = ["cpu", "memory", "ephemeral-storage"]
 
-integer_quantity = st.sampled_from(["0", "1", "2", "4", "8", "3k", "100"])
+integer_quantity = st.sampled_from(["0", "1", "2", "4", "8", "3k", "100", "101"])
 native_quantity = st.sampled_from(["100m", "1", "2", "512Mi", "1Gi"])
 
 
@@ -64,7 +76,12 @@ def containers(draw: Any, prefix: str) -> list[dict[str, Any]]:
         if res or draw(st.booleans()):
             container["resources"] = res
         if draw(st.booleans()):
-            container["env"] = [{"name": "TOKEN", "value": "secret"}]
+            container["env"] = [
+                {
+                    "name": draw(st.sampled_from(["TOKEN", "CUDA_TASK_PRIORITY", "NVIDIA_VISIBLE_DEVICES"])),
+                    "value": draw(st.sampled_from(["secret", "0", "all"])),
+                }
+            ]
         if draw(st.integers(0, 5)) == 0:
             container["securityContext"] = {"privileged": True}
         result.append(container)

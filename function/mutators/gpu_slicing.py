@@ -7,11 +7,16 @@ Semantics from the CastSlice design (seed 000):
 - in every init, app and ephemeral container, the source resource (``nvidia.com/gpu``) is removed
   and the target (``nvidia.com/gpu-shared``) set to the slice count, in limits *and* requests:
   the apiserver rejects an extended resource with a request but no equal limit.
+
+With the vGPU mutator on, an opted-in Pod that also asks for a HAMi resource of the device that
+owns the source (``nvidia.com/gpumem``, ``gpucores``, ...) is bad input: slicing would take away
+the count those resources qualify, and the vGPU mutator would add it back (see docs/vgpu.md).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 from function.config import GpuSlicingConfig, OnInvalidAnnotation
 from function.mutators.base import MutatorResult, Pod, RequestInfo, annotations_of, shown
@@ -51,9 +56,14 @@ class InvalidAnnotation(Exception):
 class GpuSlicing:
     name = "gpu-slicing"
 
-    def __init__(self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation) -> None:
+    def __init__(
+        self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation, vgpu_resources: Collection[str] = ()
+    ) -> None:
+        """``vgpu_resources``: the vGPU mutator's resources that qualify ``sourceResource`` (empty
+        when vGPU is off); an opted-in Pod asking for one is not sliced."""
         self.config = config
         self.on_invalid = on_invalid
+        self.vgpu_resources = frozenset(vgpu_resources)
         self._presets_text = ", ".join(f"{key} ({value})" for key, value in sorted(config.presets.items()))
         self._presets_short = ", ".join(sorted(config.presets))
 
@@ -95,6 +105,19 @@ class GpuSlicing:
                 return MutatorResult.denied(f"castslice: {bad.message}")
             return MutatorResult.unchanged(bad.message, bad.warning)
 
+        conflict = self._vgpu_conflict(pod)
+        if conflict:
+            where, resource = conflict
+            if self.on_invalid is OnInvalidAnnotation.deny:
+                return MutatorResult.denied(
+                    f"castslice: {where} asks for {resource}, a HAMi vGPU resource, and the Pod opts into "
+                    f"GPU slicing ({OPTIMIZE}=true); use one or the other"
+                )
+            return MutatorResult.unchanged(
+                f"opted in, but {where} asks for HAMi vGPU resource {resource}: not sliced",
+                f"castslice: Pod not sliced: {where} asks for HAMi vGPU {resource}"[:120],
+            )
+
         source, target = self.config.sourceResource, self.config.targetResource
         sliced = []
         for kind, index, container in iter_containers(pod):
@@ -115,3 +138,19 @@ class GpuSlicing:
         if not sliced:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}")
         return MutatorResult.mutated(f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}")
+
+    def _vgpu_conflict(self, pod: Pod) -> tuple[str, str] | None:
+        """The first container asking for a vGPU resource, and that resource, if any."""
+        if not self.vgpu_resources:
+            return None
+        for kind, index, container in iter_containers(pod):
+            resources = container.get("resources")
+            if not isinstance(resources, dict):
+                continue
+            for section_name in ("limits", "requests"):
+                section = resources.get(section_name)
+                if isinstance(section, dict):
+                    for resource in section:
+                        if resource in self.vgpu_resources:
+                            return f"{kind}/{container.get('name', index)}", resource
+        return None
