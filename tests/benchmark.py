@@ -150,7 +150,14 @@ def parse_wrk(output: str) -> dict[str, float]:
 
 def run_wrk(port: int, connections: int, seconds: int, script: Path, pin: list[str]) -> dict[str, float]:
     command = [
-        *pin, "wrk", "--latency", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
+        *pin,
+        "wrk",
+        "--latency",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "-s",
+        str(script),
         f"http://127.0.0.1:{port}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -158,10 +165,16 @@ def run_wrk(port: int, connections: int, seconds: int, script: Path, pin: list[s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--server", choices=sorted(SERVERS), default="procfile")
-    parser.add_argument("--sink", choices=("none", "healthy", "hanging"), default="none",
-                        help="audit sink: none (stdout, discarded), a healthy broker, or one that never answers")
+    parser.add_argument(
+        "--sink",
+        choices=("none", "healthy", "hanging"),
+        default="none",
+        help="audit sink: none (stdout, discarded), a healthy broker, or one that never answers",
+    )
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--load-connections", type=int, default=8)
     args = parser.parse_args()
@@ -176,7 +189,7 @@ def main() -> int:
     server_pin = ["taskset", "-c", "0"] if two_cores else []
     client_pin = ["taskset", "-c", "1"] if two_cores else []
 
-    sink_url, sink = start_sink(args.sink)
+    sink_url, _sink = start_sink(args.sink)  # _sink keeps the sink's sockets alive until exit
     env = {**os.environ, "WORKERS": "1", "HOME": os.environ.get("HOME", tempfile.gettempdir())}
     env.pop("K_SINK", None)
     if sink_url:

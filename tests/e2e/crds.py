@@ -31,7 +31,8 @@ def _empty_default_keys(node: dict[str, Any]) -> bool:
 
 def _strip(node: Any) -> Any:
     if isinstance(node, dict) and _empty_default_keys(node):
-        node = {k: v for k, v in node.items() if k not in ("x-kubernetes-list-map-keys", "x-kubernetes-list-type")}
+        dropped = ("x-kubernetes-list-map-keys", "x-kubernetes-list-type")
+        node = {k: v for k, v in node.items() if k not in dropped}
     if isinstance(node, dict):
         return {
             k: _strip(v)
