@@ -1,6 +1,6 @@
 """The composition root: configuration in, a ready-to-serve webhook out.
 
-Everything with side effects (reading the config file, logging set-up, later the event sender)
+Everything with side effects (reading the config file, logging set-up, the audit event sender)
 is wired here, once per process, so the layers below stay pure and testable.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from function.admission import Admission
+from function.audit.recorder import build_recorder
 from function.config import Config, load_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
@@ -25,10 +27,14 @@ def configure_logging() -> None:
         logging.getLogger("castslice").setLevel(os.environ.get("CASTSLICE_LOG_LEVEL", "INFO").upper())
 
 
-def build_webhook(config: Config | None = None) -> WebhookHttp:
-    """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops."""
+def build_webhook(config: Config | None = None, environ: Mapping[str, str] | None = None) -> WebhookHttp:
+    """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
+
+    ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout.
+    """
     configure_logging()
     config = load_config() if config is None else config
     engine = Engine(config)
-    admission = Admission(engine)
-    return WebhookHttp(admission)
+    recorder = build_recorder(config, os.environ if environ is None else environ)
+    admission = Admission(engine, recorder)
+    return WebhookHttp(admission, ready=recorder.ready, metrics=recorder.metrics_text)

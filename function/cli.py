@@ -1,24 +1,27 @@
-"""The ``castslice`` command: serve the function, mutate manifests offline, check configuration."""
+"""The ``castslice`` command: serve the function, mutate manifests offline, check configuration,
+read the reference audit consumer's store."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from function.config import Config, ConfigError, load_config, load_config_file
-from function.contract import DEFAULT_PORT
+from function.contract import DEFAULT_PORT, OUTCOMES
 from function.engine import Engine
 from function.manifests import DocumentResult, mutate_document
 
 FUNC_SOURCE = Path(__file__).with_name("func.py")
-TARGETS = {"mutate": "the admission webhook"}
+TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 
 
 def _config_from(path: str | None) -> Config:
@@ -42,7 +45,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    app = create_asgi_app(args.target, str(FUNC_SOURCE))  # type: ignore[no-untyped-call]
+    from function.audit.shutdown import drain_on_shutdown
+
+    # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
+    app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
     options: dict[str, Any] = {}
     if args.tls_cert:
         options.update(certfile=args.tls_cert, keyfile=args.tls_key)
@@ -127,6 +133,87 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- castslice audit ----------------------------------------------------------------------------
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_when(text: str, now: datetime | None = None) -> datetime:
+    """'15m', '2h', '7d' (that long ago) or an ISO 8601 time (UTC unless it says otherwise)."""
+    match = _DURATION.match(text.strip())
+    if match:
+        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        problem = f"{text!r} is neither a duration (15m, 2h, 7d) nor an ISO time"
+        raise argparse.ArgumentTypeError(problem) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
+    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(line.rstrip(), file=out)
+
+
+def _short(text: str, limit: int = 70) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from function.audit.consumer import AuditStore, Query
+
+    if args.db != ":memory:" and not Path(args.db).exists():
+        print(f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
+              file=sys.stderr)
+        return 2
+    store = AuditStore(args.db)
+    try:
+        query = Query(args.since, args.until, args.namespace, args.outcome, args.mutator,
+                      args.limit if args.view == "list" else None)
+        if args.view == "list":
+            events = store.events(query)
+            if args.output == "json":
+                json.dump(events, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+                return 0
+            rows = [
+                (e["time"][:19] + "Z", e["outcome"], e["podnamespace"], e["subject"].rsplit("/", 1)[-1],
+                 e["mutators"], _short(e["data"]["reason"]))
+                for e in events
+            ]
+            _table(("TIME", "OUTCOME", "NAMESPACE", "POD", "MUTATORS", "REASON"), rows, sys.stdout)
+            return 0
+        summary = store.summary(query, args.bucket)
+    finally:
+        store.close()
+    if args.output == "json":
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    out = sys.stdout
+    first, last = summary["first"] or "-", summary["last"] or "-"
+    print(f"{summary['total']} decision(s) from {first} to {last}", file=out)
+    if summary["rejected"]:
+        print(f"{summary['rejected']} event(s) rejected by the schema check (not counted)", file=out)
+    print("\nby outcome", file=out)
+    _table(("OUTCOME", "COUNT"), [(o, summary["byOutcome"][o]) for o in OUTCOMES], out)
+    print("\nby namespace", file=out)
+    _table(("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
+           [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]], out)
+    print("\nby mutator (each mutator's own action)", file=out)
+    _table(("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
+           [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"])
+            for r in summary["byMutator"]], out)
+    print(f"\nby {summary['byTime']['bucket']} (UTC)", file=out)
+    _table(("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
+           [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]], out)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="castslice", description="GPU and spot admission webhook: serve it, or see what it would do."
@@ -157,6 +244,26 @@ def parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="print the effective configuration")
     show.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
     show.set_defaults(run=cmd_config_show)
+
+    from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
+
+    audit = sub.add_parser(
+        "audit", help="list or summarise the decision events the reference audit consumer stored"
+    )
+    audit.add_argument("view", nargs="?", choices=("summary", "list"), default="summary",
+                       help="summary (default): counts by outcome, namespace, mutator, time; "
+                       "list: the events")
+    audit.add_argument("--db", default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
+                       help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})")
+    audit.add_argument("--since", type=parse_when, help="from this time: 15m, 2h, 7d ago, or an ISO time")
+    audit.add_argument("--until", type=parse_when, help="before this time (same forms as --since)")
+    audit.add_argument("-n", "--namespace", help="only Pods in this namespace")
+    audit.add_argument("--outcome", choices=OUTCOMES, help="only this outcome")
+    audit.add_argument("--mutator", help="only decisions where this mutator acted (mutated or denied)")
+    audit.add_argument("--bucket", choices=sorted(BUCKETS), default="hour", help="summary time bucket")
+    audit.add_argument("--limit", type=int, default=100, help="list at most this many, newest first")
+    audit.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    audit.set_defaults(run=cmd_audit)
     return top
 
 

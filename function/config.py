@@ -224,6 +224,31 @@ class AuditConfig(Strict):
     requestTimeoutSeconds: float = Field(default=2.0, gt=0)
     drainSeconds: float = Field(default=5.0, ge=0)
     """On shutdown, how long the queue may drain to the sink before the rest goes to stdout."""
+    senders: int = Field(default=1, ge=1, le=8)
+    """Threads posting events in parallel; one keeps up with hundreds of events/s to a nearby broker."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        # It travels as the ce-source HTTP header in binary mode: printable ASCII, no spaces.
+        if not value or not all(33 <= ord(char) < 127 for char in value):
+            raise ValueError(
+                f"{value!r} is not a usable CloudEvents source (a URI-reference, e.g. /castslice/webhook)"
+            )
+        return value
+
+    @field_validator("daprPubsub", "daprTopic")
+    @classmethod
+    def _dapr_name(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> AuditConfig:
+        if self.maxBackoffSeconds < self.initialBackoffSeconds:
+            raise ValueError("maxBackoffSeconds must not be smaller than initialBackoffSeconds")
+        return self
 
 
 class Config(Strict):

@@ -4,17 +4,28 @@
 ``functions-framework --source function/func.py --target mutate --asgi``). ``mutate_wsgi`` is
 the same webhook on functions-framework's default Flask server, kept so the benchmark can
 compare the two servers on the same code. Both are thin: all HTTP behaviour is in http_api.
+
+``audit`` is the reference audit consumer (an ASGI CloudEvent function, ``castslice serve
+--target audit``): it receives the webhook's decision events from a Trigger, checks them against
+the shipped JSON Schema and stores them in SQLite at $CASTSLICE_AUDIT_DB (``castslice audit``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+
 import flask
 import functions_framework
+from cloudevents.http import CloudEvent
 from functions_framework import aio
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from function.app import build_webhook
+from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
 from function.contract import MAX_BODY_BYTES
 from function.http_api import HttpReply
 
@@ -64,3 +75,26 @@ def mutate_wsgi(request: flask.Request) -> flask.Response:
                 body = None
     reply = webhook.handle(request.method, request.path, body)
     return flask.Response(reply.body, reply.status, reply.headers, content_type=reply.content_type)
+
+
+_audit_store: AuditStore | None = None
+_audit_store_lock = threading.Lock()
+
+
+def audit_store() -> AuditStore:
+    # Opened on first use, in the worker process: a SQLite connection must not cross a fork.
+    global _audit_store
+    with _audit_store_lock:
+        if _audit_store is None:
+            _audit_store = AuditStore(os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB))
+        return _audit_store
+
+
+@aio.cloud_event
+async def audit(event: CloudEvent) -> None:
+    try:
+        await asyncio.to_thread(audit_store().accept, event)
+    except InvalidEvent as invalid:
+        # 400, not 500: a broker does not retry it (retrying cannot fix it); it goes to the
+        # Trigger's dead-letter sink if any, and the rejected table keeps it here.
+        raise HTTPException(400, detail=f"not a valid CastSlice decision event: {invalid}") from None

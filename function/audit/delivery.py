@@ -1,0 +1,300 @@
+"""Getting events to the sink off the admission path, and never losing one silently.
+
+``submit`` is all the admission path does: a non-blocking append to a bounded backlog (a full
+backlog writes that event to stdout at once, marked undelivered). Background sender threads take
+events from the backlog and post them, retrying connection errors, timeouts and the retryable
+statuses with exponential backoff and jitter. An event that still fails is written whole to
+stdout marked undelivered, with the reason. ``close`` lets the backlog drain for a bounded time
+and writes whatever is left to stdout; ``close_all`` closes every sender of the process and runs
+at shutdown (see shutdown.py for how it is reached under SIGTERM).
+
+So every event id ends up either acknowledged by the sink or on stdout (at least once: an event
+whose delivery was still in flight when the drain bound ran out can be both).
+
+The backlog is a deque under one condition variable rather than a ``queue.Queue``: taking an event
+and marking it in flight must be one step, or the drain could miss an event that is in neither
+place for an instant, and that event would be lost at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from cloudevents.http import CloudEvent
+
+from function.audit.metrics import AuditMetrics
+from function.audit.sinks import SendResult, Sink, StdoutWriter
+
+log = logging.getLogger("castslice.audit")
+
+SPILL_TEXT: Final = {
+    "queue_full": "queue full",
+    "rejected": "rejected by sink",
+    "retries_exhausted": "retries exhausted",
+    "shutdown": "shutdown",
+}
+"""The ``reason`` written on an undelivered stdout line, per metrics label."""
+
+_started_senders: list[EventSender] = []
+_registry_lock = threading.Lock()
+_at_exit_registered_in: int | None = None
+
+
+def close_all(timeout: float | None = None) -> int:
+    """Close (drain) every sender started in this process; how many events went to stdout.
+
+    ``timeout`` bounds the whole call; by default each sender's own drain bound applies.
+    """
+    with _registry_lock:
+        senders = [s for s in _started_senders if s.started_here]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    left = 0
+    for sender in senders:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        left += sender.close(remaining)
+    return left
+
+
+def _register(sender: EventSender) -> None:
+    global _at_exit_registered_in
+    with _registry_lock:
+        _started_senders.append(sender)
+        if _at_exit_registered_in != os.getpid():
+            # The last resort for servers that end the process with sys.exit (gunicorn's sync and
+            # gthread workers). Under uvicorn SIGTERM kills the worker without running atexit
+            # hooks, which is why `castslice serve` also drains on ASGI lifespan shutdown.
+            atexit.register(close_all)
+            _at_exit_registered_in = os.getpid()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    initial_backoff: float = 0.2
+    max_backoff: float = 5.0
+
+    def delay(self, failed_attempts: int, rng: random.Random, retry_after: float | None = None) -> float:
+        """Exponential backoff with equal jitter: half the step fixed, half random, so senders
+        that failed together do not retry together, and no retry comes immediately."""
+        step = min(self.max_backoff, self.initial_backoff * 2.0 ** max(failed_attempts - 1, 0))
+        wait: float = step / 2 + rng.uniform(0, step / 2)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.max_backoff))
+        return wait
+
+
+@dataclass
+class Pending:
+    event: CloudEvent
+    enqueued_at: float
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = str(self.event["id"])
+
+
+class Backlog:
+    """Bounded: waiting events plus the ones in flight, under one lock."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._waiting: deque[Pending] = deque()
+        self._in_flight: dict[int, Pending] = {}
+        self._changed = threading.Condition()
+        self.abandoned = False
+
+    def offer(self, pending: Pending) -> str | None:
+        """None when queued, else why not (a SPILL_TEXT key)."""
+        with self._changed:
+            if self.abandoned:
+                return "shutdown"
+            if len(self._waiting) >= self.capacity:
+                return "queue_full"
+            self._waiting.append(pending)
+            self._changed.notify()
+            return None
+
+    def take(self) -> Pending | None:
+        """The next event, now in flight; None once the backlog is abandoned."""
+        with self._changed:
+            while not self._waiting and not self.abandoned:
+                self._changed.wait()
+            if self.abandoned:
+                return None
+            pending = self._waiting.popleft()
+            self._in_flight[id(pending)] = pending
+            return pending
+
+    def settle(self, pending: Pending) -> bool:
+        """Mark an event's fate decided; False if the drain already took it (then leave it be)."""
+        with self._changed:
+            owned = self._in_flight.pop(id(pending), None) is not None
+            self._changed.notify_all()
+            return owned
+
+    def wait_idle(self, deadline: float) -> bool:
+        with self._changed:
+            while self._waiting or self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    def abandon(self) -> list[Pending]:
+        """Stop; return everything not yet settled (waiting and in flight), in order."""
+        with self._changed:
+            self.abandoned = True
+            left = [*self._in_flight.values(), *self._waiting]
+            self._in_flight.clear()
+            self._waiting.clear()
+            self._changed.notify_all()
+            return left
+
+    def depth(self) -> int:
+        return len(self._waiting)
+
+
+class EventSender:
+    def __init__(
+        self,
+        sink: Sink,
+        writer: StdoutWriter,
+        metrics: AuditMetrics,
+        *,
+        capacity: int = 10000,
+        policy: RetryPolicy | None = None,
+        drain_seconds: float = 5.0,
+        senders: int = 1,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.sink = sink
+        self.writer = writer
+        self.metrics = metrics
+        self.capacity = capacity
+        self.policy = policy or RetryPolicy()
+        self.drain_seconds = drain_seconds
+        self.senders = senders
+        self._rng = rng or random.Random()
+        self._backlog = Backlog(capacity)
+        self._threads: list[threading.Thread] = []
+        self._started_in: int | None = None
+        self._start_lock = threading.Lock()
+        self._closing = False
+        self._deadline: float | None = None
+        self._stopped = threading.Event()
+        metrics.watch_queue(self.depth, capacity)
+
+    # -- the admission side ---------------------------------------------------------------------
+    def submit(self, event: CloudEvent) -> None:
+        """Never blocks: the event is queued, or written to stdout now with the reason."""
+        self._ensure_started()
+        refused = "shutdown" if self._closing else self._backlog.offer(Pending(event, time.monotonic()))
+        if refused is not None:
+            detail = f"backlog of {self.capacity} events" if refused == "queue_full" else ""
+            self._spill(event, refused, detail)
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closing
+
+    @property
+    def started_here(self) -> bool:
+        return self._started_in == os.getpid()
+
+    def depth(self) -> int:
+        return self._backlog.depth()
+
+    # -- threads --------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        # Started lazily, in the process that submits: the app is built in gunicorn's master and
+        # the workers are forked from it, and threads do not survive a fork.
+        if self._started_in == os.getpid():
+            return
+        with self._start_lock:
+            if self._started_in == os.getpid():
+                return
+            if self._started_in is not None:
+                # A forked child: the parent's backlog and threads are not ours.
+                self._backlog = Backlog(self.capacity)
+                self._threads = []
+            self._started_in = os.getpid()
+            for number in range(self.senders):
+                thread = threading.Thread(target=self._run, name=f"castslice-audit-{number}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            _register(self)
+
+    def start(self) -> None:
+        self._ensure_started()
+
+    def _run(self) -> None:
+        while True:
+            pending = self._backlog.take()
+            if pending is None:
+                return
+            try:
+                self._deliver(pending)
+            except Exception:
+                log.exception("audit sender failed on event %s", pending.id)
+                if self._backlog.settle(pending):
+                    self._spill(pending.event, "rejected", "sender error (see log)")
+
+    def _deliver(self, pending: Pending) -> None:
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = self.sink.send(pending.event)
+            except Exception as error:  # noqa: BLE001 - a sink bug is a failed attempt, not a lost event
+                result = SendResult(False, retryable=True, detail=f"{type(error).__name__}: {error}")
+            if result.delivered:
+                if self._backlog.settle(pending):
+                    self.metrics.event_delivered(time.monotonic() - pending.enqueued_at)
+                return
+            if not result.retryable or attempts >= self.policy.max_attempts:
+                if self._backlog.settle(pending):
+                    reason = "rejected" if not result.retryable else "retries_exhausted"
+                    self._spill(pending.event, reason, result.detail, attempts)
+                return
+            wait = self.policy.delay(attempts, self._rng, result.retry_after)
+            if self._deadline is not None:
+                wait = min(wait, max(self._deadline - time.monotonic(), 0.0))
+            self.metrics.event_retried()
+            log.debug("audit event %s: attempt %d failed (%s), retry in %.2fs", pending.id, attempts,
+                      result.detail, wait)
+            if self._stopped.wait(wait):
+                return  # the drain ran out of time and wrote this event to stdout
+
+    def _spill(self, event: CloudEvent, reason: str, detail: str = "", attempts: int = 0) -> None:
+        self.metrics.event_spilled(reason)
+        self.writer.undelivered(event, SPILL_TEXT[reason], detail, attempts)
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def close(self, timeout: float | None = None) -> int:
+        """Drain for at most ``timeout`` (default drain_seconds), then write the rest to stdout.
+        Returns how many events were left for stdout. Safe to call more than once."""
+        with self._start_lock:
+            if self._closing:
+                return 0
+            self._closing = True
+        bound = self.drain_seconds if timeout is None else timeout
+        self._deadline = time.monotonic() + bound
+        started = self._started_in == os.getpid()
+        drained = self._backlog.wait_idle(time.monotonic() + bound) if started else True
+        left = self._backlog.abandon()
+        self._stopped.set()
+        for pending in left:
+            self._spill(pending.event, "shutdown", f"not delivered within the {bound:g}s drain bound")
+        if left or not drained:
+            log.warning("audit: %d event(s) not delivered by shutdown were written to stdout", len(left))
+        self.sink.close()
+        return len(left)

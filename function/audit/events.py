@@ -1,0 +1,289 @@
+"""One admission decision as one CloudEvent: a pure function of the review, the decision and the
+identity of the moment (event id, time), so it is tested without a clock, a network or a queue.
+
+What goes in is chosen field by field, never copied wholesale from the Pod: the Pod's env values,
+annotation values and spec can hold secrets, and an audit pipeline fans events out widely. The one
+part of the Pod that can reach an event is the JSON Patch (it is what the webhook did); values in
+it that sit where secrets live (env values, command and args) and were copied from the user's
+Pod are replaced by ``[redacted]``, and the event says how many.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from cloudevents.http import CloudEvent
+
+from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
+from function.engine import ENGINE_VERSION, Decision
+from function.patch import Operation
+from function.review import AdmissionReview
+
+DATASCHEMA_URI: Final = (
+    "https://raw.githubusercontent.com/castops/castslice/main/function/schemas/decision-event.v1.json"
+)
+"""The ``dataschema`` attribute and the schema's ``$id``. The file ships in the package
+(function/schemas/), so consumers validate offline; the URI is where the same file is readable
+over HTTP in the repository the image (ghcr.io/castops/castslice) is built from. The version is in
+the file name, so the URI changes exactly when the schema changes incompatibly (CloudEvents asks
+for that), not with every release."""
+
+CONTENT_TYPE: Final = "application/json"
+SPEC_VERSION: Final = "1.0"
+NO_MUTATORS: Final = "none"
+"""Value of the ``mutators`` extension when no mutator acted. Not the empty string: a Knative
+Trigger filter with an empty value matches every event, so "" could not be filtered on."""
+REDACTED: Final = "[redacted]"
+MAX_PATCH_BYTES: Final = 32 * 1024
+"""A larger patch is left out of the event (with the reason), keeping events well under the
+64 KiB many brokers accept. CastSlice's own patches are a few hundred bytes."""
+MAX_TEXT: Final = 2048
+"""Reasons and messages are cut here: an internal error's text is not ours to bound."""
+
+EXTENSION_NAME: Final = re.compile(r"^[a-z0-9]{1,20}$")
+_CORE_ATTRIBUTES: Final = frozenset(
+    {"id", "source", "specversion", "type", "datacontenttype", "dataschema", "subject", "time", "data"}
+)
+_SECRET_CONTAINER_FIELDS: Final = ("containers", "initContainers", "ephemeralContainers")
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, microseconds always present so stored times sort as text."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def subject_for(namespace: str, name: str | None, generate_name: str | None) -> str:
+    return f"namespaces/{namespace}/pods/{name or generate_name or ''}"
+
+
+def mutators_attribute(decision: Decision) -> str:
+    """The mutators that acted (mutated or denied), in engine order, comma-separated."""
+    return ",".join(decision.acting_mutators) or NO_MUTATORS
+
+
+def parse_extension_overrides(raw: str | None) -> dict[str, str]:
+    """Knative's ``K_CE_OVERRIDES`` (``{"extensions": {...}}``), checked: Knative only ever sets
+    extensions, and one may not replace an attribute the contract gives a meaning to."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        document = json.loads(raw)
+    except ValueError as error:
+        raise ValueError(f"K_CE_OVERRIDES is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ValueError("K_CE_OVERRIDES must be a JSON object")
+    extensions = document.get("extensions", {})
+    extensions = {} if extensions is None else extensions
+    if not isinstance(extensions, dict):
+        raise ValueError("K_CE_OVERRIDES.extensions must be an object")
+    overrides: dict[str, str] = {}
+    for name, value in extensions.items():
+        if not isinstance(name, str) or not EXTENSION_NAME.match(name):
+            raise ValueError(f"K_CE_OVERRIDES: {name!r} is not a CloudEvents attribute name")
+        if name in _CORE_ATTRIBUTES or name in EVENT_EXTENSIONS:
+            raise ValueError(f"K_CE_OVERRIDES may not override the {name!r} attribute")
+        overrides[name] = value if isinstance(value, str) else json.dumps(value)
+    return overrides
+
+
+# -- what the data holds ----------------------------------------------------------------------------
+def _metadata(pod: Any) -> Mapping[str, Any]:
+    metadata = pod.get("metadata") if isinstance(pod, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _owner(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    references = metadata.get("ownerReferences")
+    if not isinstance(references, list):
+        return None
+    candidates = [ref for ref in references if isinstance(ref, dict)]
+    if not candidates:
+        return None
+    chosen = next((ref for ref in candidates if ref.get("controller") is True), candidates[0])
+    return {
+        "apiVersion": str(chosen.get("apiVersion", "")),
+        "kind": str(chosen.get("kind", "")),
+        "name": str(chosen.get("name", "")),
+        "uid": str(chosen.get("uid", "")),
+        "controller": chosen.get("controller") is True,
+    }
+
+
+def pod_identity(review: AdmissionReview) -> dict[str, Any]:
+    request = review.request
+    metadata = _metadata(request.object)
+    namespace = request.namespace or _text(metadata.get("namespace")) or ""
+    return {
+        "namespace": namespace,
+        "name": _text(request.name) or _text(metadata.get("name")),
+        "generateName": _text(metadata.get("generateName")),
+        "owner": _owner(metadata),
+    }
+
+
+def _secret_values(pod: Any) -> set[str]:
+    """Strings in the user's Pod that sit where secrets live: env values, command and args."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    found: set[str] = set()
+    if not isinstance(spec, dict):
+        return found
+    for field in _SECRET_CONTAINER_FIELDS:
+        containers = spec.get(field)
+        for container in containers if isinstance(containers, list) else []:
+            if not isinstance(container, dict):
+                continue
+            for env in container.get("env") or []:
+                if isinstance(env, dict) and isinstance(env.get("value"), str):
+                    found.add(env["value"])
+            for key in ("command", "args"):
+                items = container.get(key)
+                if isinstance(items, list):
+                    found.update(item for item in items if isinstance(item, str))
+    return found
+
+
+def _unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _at_secret_position(path: tuple[str, ...]) -> bool:
+    """.../env/<i>/value, or an entry of .../command or .../args."""
+    if len(path) >= 3 and path[-3] == "env" and path[-2].isdigit() and path[-1] == "value":
+        return True
+    return len(path) >= 2 and path[-2] in ("command", "args") and (path[-1].isdigit() or path[-1] == "-")
+
+
+def _redacted_value(value: Any, path: tuple[str, ...], secrets: set[str]) -> tuple[Any, int]:
+    if isinstance(value, str):
+        hit = _at_secret_position(path) and value in secrets
+        return (REDACTED, 1) if hit else (value, 0)
+    if isinstance(value, dict):
+        count = 0
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            result[key], found = _redacted_value(item, (*path, str(key)), secrets)
+            count += found
+        return result, count
+    if isinstance(value, list):
+        count = 0
+        items: list[Any] = []
+        for index, item in enumerate(value):
+            redacted, found = _redacted_value(item, (*path, str(index)), secrets)
+            items.append(redacted)
+            count += found
+        return items, count
+    return value, 0
+
+
+def redact_patch(patch: tuple[Operation, ...] | list[Operation], pod: Any) -> tuple[list[Operation], int]:
+    """The patch with env values and command/args entries that came from ``pod`` replaced.
+
+    A value CastSlice itself sets (an env var it adds) is kept: only strings also present at a
+    secret-bearing place of the user's Pod are replaced, so ordinary patches stay exact.
+    """
+    secrets = _secret_values(pod)
+    if not secrets:
+        return [dict(op) for op in patch], 0
+    result: list[Operation] = []
+    total = 0
+    for op in patch:
+        copied = dict(op)
+        if "value" in copied:
+            path = tuple(_unescape(token) for token in str(copied.get("path", "")).split("/")[1:])
+            copied["value"], found = _redacted_value(copied["value"], path, secrets)
+            total += found
+        result.append(copied)
+    return result, total
+
+
+def event_data(
+    review: AdmissionReview,
+    decision: Decision,
+    *,
+    config_digest: str,
+    decided_at: datetime,
+    engine_version: str = ENGINE_VERSION,
+) -> dict[str, Any]:
+    """The ``data`` of the event; decision-event.v1.json is its schema."""
+    request = review.request
+    patch, redactions = redact_patch(decision.patch, request.object)
+    omitted: str | None = None
+    size = len(json.dumps(patch, separators=(",", ":")))
+    if size > MAX_PATCH_BYTES:
+        patch, redactions = [], 0
+        omitted = f"patch of {size} bytes is larger than the {MAX_PATCH_BYTES}-byte limit for events"
+    return {
+        "request": {"uid": request.uid, "operation": request.operation, "apiVersion": review.apiVersion},
+        "user": {
+            "username": request.userInfo.username or "",
+            "groups": list(request.userInfo.groups or ()),
+        },
+        "pod": pod_identity(review),
+        "outcome": decision.outcome,
+        "allowed": decision.allowed,
+        "reason": _bounded(decision.reason),
+        "mutators": [
+            {
+                "mutator": part.mutator,
+                "action": part.action.value,
+                "reason": _bounded(part.reason),
+                "warnings": list(part.warnings),
+            }
+            for part in decision.decisions
+        ],
+        "patch": patch,
+        "patchRedactions": redactions,
+        "patchOmitted": omitted,
+        "warnings": [w[:120] for w in decision.warnings],
+        "denial": None if decision.denial is None else _bounded(decision.denial),
+        "configDigest": config_digest,
+        "engineVersion": engine_version,
+        "decidedAt": format_time(decided_at),
+        "durationSeconds": round(max(decision.duration_seconds, 0.0), 9),
+    }
+
+
+def build_event(
+    review: AdmissionReview,
+    decision: Decision,
+    *,
+    event_id: str,
+    decided_at: datetime,
+    source: str,
+    config_digest: str,
+    engine_version: str = ENGINE_VERSION,
+    extensions: Mapping[str, str] | None = None,
+) -> CloudEvent:
+    """The CloudEvent for one decision. ``extensions`` are K_CE_OVERRIDES (already checked)."""
+    data = event_data(
+        review, decision, config_digest=config_digest, decided_at=decided_at, engine_version=engine_version
+    )
+    pod = data["pod"]
+    attributes: dict[str, str] = {
+        **(extensions or {}),
+        "specversion": SPEC_VERSION,
+        "id": event_id,
+        "source": source,
+        "type": EVENT_TYPES[decision.outcome],
+        "subject": subject_for(pod["namespace"], pod["name"], pod["generateName"]),
+        "time": data["decidedAt"],
+        "datacontenttype": CONTENT_TYPE,
+        "dataschema": DATASCHEMA_URI,
+        # What Trigger filters see (they never see data): contract.EVENT_EXTENSIONS.
+        "outcome": decision.outcome,
+        "podnamespace": pod["namespace"],
+        "mutators": mutators_attribute(decision),
+    }
+    return CloudEvent(attributes, data)

@@ -1,0 +1,134 @@
+"""The DecisionRecorder the webhook runs with: metrics for every answer, one event per decision.
+
+``record`` runs on the admission path after the reply is built, so it only counts, builds the
+event (a few dozen microseconds) and hands it to the sender without blocking. No event for:
+- a dry run (``request.dryRun``): the webhook declares ``sideEffects: NoneOnDryRun``;
+- a request that is not a Pod CREATE (``decision`` is None): the webhook is registered for Pod
+  CREATE only, so such a request means a misconfigured rule; it is passed through untouched and
+  nothing was decided. It is counted (outcome "ignored") so the misconfiguration shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from function.audit.delivery import EventSender, RetryPolicy
+from function.audit.events import build_event, parse_extension_overrides
+from function.audit.metrics import IGNORED, AuditMetrics
+from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
+from function.config import AuditConfig, Config, ConfigError
+from function.engine import ENGINE_VERSION, Decision
+from function.review import AdmissionReview
+
+log = logging.getLogger("castslice.audit")
+
+
+class AuditRecorder:
+    def __init__(
+        self,
+        config: AuditConfig,
+        config_digest: str,
+        metrics: AuditMetrics,
+        sender: EventSender | None,
+        extensions: Mapping[str, str] | None = None,
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.config_digest = config_digest
+        self.metrics = metrics
+        self.sender = sender
+        self.extensions = dict(extensions or {})
+        self._new_id = new_id
+        self._now = now
+
+    def record(self, review: AdmissionReview, decision: Decision | None, reply: dict[str, Any]) -> None:
+        dry_run = bool(review.request.dryRun)
+        if decision is None:
+            self.metrics.admission(IGNORED, dry_run, None)
+            return
+        self.metrics.admission(decision.outcome, dry_run, decision.duration_seconds)
+        if dry_run or self.sender is None:
+            return
+        event = build_event(
+            review,
+            decision,
+            event_id=self._new_id(),
+            decided_at=self._now(),
+            source=self.config.source,
+            config_digest=self.config_digest,
+            engine_version=ENGINE_VERSION,
+            extensions=self.extensions,
+        )
+        self.metrics.event_emitted()
+        self.sender.submit(event)
+
+    def ready(self) -> bool:
+        """Not ready once shutting down; a dead sink never makes the webhook unready (that would
+        turn an audit outage into an admission outage)."""
+        return self.sender is None or self.sender.accepting
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    def close(self, timeout: float | None = None) -> int:
+        return 0 if self.sender is None else self.sender.close(timeout)
+
+
+def choose_sink(config: AuditConfig, environ: Mapping[str, str], writer: StdoutWriter) -> Sink | None:
+    """auto: K_SINK (Knative SinkBinding), else DAPR_HTTP_PORT (Dapr sidecar), else stdout."""
+    kind = config.sink
+    k_sink = environ.get("K_SINK", "").strip()
+    dapr_port = environ.get("DAPR_HTTP_PORT", "").strip()
+    if kind == "auto":
+        kind = "knative" if k_sink else "dapr" if dapr_port else "stdout"
+    if kind == "none":
+        return None
+    if kind == "stdout":
+        return StdoutSink(writer)
+    if kind == "knative":
+        if not k_sink:
+            raise ConfigError("audit.sink is knative but K_SINK is not set (is the SinkBinding applied?)")
+        ca_certs = environ.get("K_CA_CERTS", "").strip() or None
+        try:
+            return KnativeSink(k_sink, config.requestTimeoutSeconds, ca_certs)
+        except ValueError as error:
+            raise ConfigError(f"K_SINK: {error}") from None
+    port_text = dapr_port or str(DEFAULT_DAPR_PORT)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"DAPR_HTTP_PORT must be a port number, got {port_text!r}")
+    token = environ.get("DAPR_API_TOKEN", "").strip() or None
+    return DaprSink(int(port_text), config.daprPubsub, config.daprTopic, config.requestTimeoutSeconds, token)
+
+
+def build_recorder(config: Config, environ: Mapping[str, str]) -> AuditRecorder:
+    """Raises ConfigError when the sink's environment is unusable: start-up stops, naming it."""
+    audit = config.audit
+    writer = StdoutWriter()
+    sink = choose_sink(audit, environ, writer)
+    try:
+        # Knative's SinkBinding sets K_CE_OVERRIDES beside K_SINK; it means nothing to other sinks.
+        knative = isinstance(sink, KnativeSink)
+        extensions = parse_extension_overrides(environ.get("K_CE_OVERRIDES")) if knative else {}
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    metrics = AuditMetrics(sink.name if sink else "none")
+    sender = None
+    if sink is not None:
+        sender = EventSender(
+            sink,
+            writer,
+            metrics,
+            capacity=audit.queueSize,
+            policy=RetryPolicy(audit.maxAttempts, audit.initialBackoffSeconds, audit.maxBackoffSeconds),
+            drain_seconds=audit.drainSeconds,
+            senders=audit.senders,
+        )
+        log.info("audit events go to %s (source %s)", sink.name, audit.source)
+    else:
+        log.info("audit events are switched off (audit.sink: none)")
+    return AuditRecorder(audit, config.digest(), metrics, sender, extensions)

@@ -1,0 +1,246 @@
+"""Where decision events go: small classes behind one interface, ``send(event) -> SendResult``.
+
+- ``KnativeSink``: HTTP POST to ``K_SINK`` (a SinkBinding's Broker ingress), CloudEvents binary
+  mode, so the broker and Trigger filters read attributes from headers without parsing the body.
+- ``DaprSink``: the Dapr sidecar's publish API with the structured event
+  (``application/cloudevents+json``), so Dapr forwards our event as is instead of wrapping it.
+- ``StdoutSink``: one JSON line per event; the embedded default, read by the cluster's log pipeline.
+
+A sink never raises and never retries: it reports what happened (delivered, retryable or not)
+and the sender (delivery.py) decides what to do. Stdout is also where undelivered events end up,
+with ``"delivered": false`` and the reason, so the two kinds of line are told apart by one key.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import ssl
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TextIO
+from urllib.parse import quote, urlsplit
+
+from cloudevents.conversion import to_binary, to_dict, to_structured
+from cloudevents.http import CloudEvent
+
+log = logging.getLogger("castslice.audit")
+
+LINE_MARKER: Final = "audit-event"
+"""Every stdout line is ``{"castslice": "audit-event", "delivered": ..., "event": {...}}``."""
+RETRYABLE_STATUSES: Final = frozenset({404, 408, 409, 429})
+"""Plus every 5xx: what Knative's own senders retry (a Broker answers 202 on success)."""
+DEFAULT_DAPR_PORT: Final = 3500
+
+
+@dataclass(frozen=True)
+class SendResult:
+    delivered: bool
+    retryable: bool = False
+    detail: str = ""
+    retry_after: float | None = None
+    """Seconds the receiver asked us to wait (Retry-After), when it said so."""
+
+
+DELIVERED = SendResult(True)
+
+
+class Sink(Protocol):
+    name: str
+
+    def send(self, event: CloudEvent) -> SendResult: ...
+
+    def close(self) -> None: ...
+
+
+def _compact_json(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def event_as_dict(event: CloudEvent) -> dict[str, Any]:
+    """The structured-mode JSON object of an event (attributes and ``data`` side by side)."""
+    return to_dict(event)
+
+
+# -- stdout -----------------------------------------------------------------------------------------
+class StdoutWriter:
+    """Whole JSON lines to stdout, one writer at a time, flushed: a line is either all there or not.
+
+    ``sys.stdout`` is looked up at each write (not kept), so a replaced stdout (pytest's capture,
+    a redirected worker) is honoured.
+    """
+
+    def __init__(self, stream: Callable[[], TextIO] | None = None) -> None:
+        self._stream = stream or (lambda: sys.stdout)
+        self._lock = threading.Lock()
+
+    def write(self, record: Mapping[str, Any]) -> bool:
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            try:
+                stream = self._stream()
+                stream.write(line)
+                stream.flush()
+                return True
+            except (OSError, ValueError) as error:  # closed or broken stdout: the last resort failed
+                log.error("cannot write an audit event to stdout (%s): %s", error, line.strip()[:2000])
+                return False
+
+    def delivered(self, event: CloudEvent) -> bool:
+        return self.write({"castslice": LINE_MARKER, "delivered": True, "event": event_as_dict(event)})
+
+    def undelivered(self, event: CloudEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
+        return self.write(
+            {
+                "castslice": LINE_MARKER,
+                "delivered": False,
+                "reason": reason,
+                "detail": detail,
+                "attempts": attempts,
+                "event": event_as_dict(event),
+            }
+        )
+
+
+class StdoutSink:
+    name = "stdout"
+
+    def __init__(self, writer: StdoutWriter) -> None:
+        self.writer = writer
+
+    def send(self, event: CloudEvent) -> SendResult:
+        if self.writer.delivered(event):
+            return DELIVERED
+        return SendResult(False, retryable=False, detail="stdout is not writable")
+
+    def close(self) -> None:
+        return None
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+def classify(status: int, retry_after: str | None = None, where: str = "") -> SendResult:
+    """An HTTP status in delivery terms (pure)."""
+    if 200 <= status < 300:
+        return DELIVERED
+    detail = f"HTTP {status}" + (f" from {where}" if where else "")
+    retryable = status in RETRYABLE_STATUSES or status >= 500
+    wait: float | None = None
+    if retryable and retry_after and retry_after.strip().isdigit():
+        wait = float(retry_after.strip())
+    return SendResult(False, retryable=retryable, detail=detail, retry_after=wait)
+
+
+class HttpPoster:
+    """POSTs over a kept-alive connection per sending thread (http.client: no dependency, and
+    no connection set-up per event on the hot path)."""
+
+    def __init__(self, url: str, timeout: float, ca_certs: str | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"sink URL must be http:// or https:// with a host, got {url!r}")
+        self.url = url
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout = timeout
+        self._context: ssl.SSLContext | None = None
+        if self.https:
+            # Knative's SinkBinding injects K_CA_CERTS (PEM) when the sink serves eventing TLS.
+            self._context = ssl.create_default_context(cadata=ca_certs)
+        self._local = threading.local()
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is not None:
+            return connection, True
+        if self.https:
+            connection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.timeout, context=self._context
+            )
+        else:
+            connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self._local.connection = connection
+        return connection, False
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            connection.close()
+
+    def post(self, headers: Mapping[str, str], body: bytes) -> SendResult:
+        for _ in range(2):
+            connection, reused = self._connection()
+            try:
+                connection.request("POST", self.target, body=body, headers=dict(headers))
+                response = connection.getresponse()
+                response.read()  # drain it, so the connection can carry the next event
+                if response.will_close:
+                    self._drop()
+                return classify(response.status, response.getheader("Retry-After"), self.url)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as error:
+                self._drop()
+                if reused:
+                    continue  # the server closed an idle kept-alive connection: one fresh try, not a retry
+                return SendResult(False, retryable=True, detail=f"{type(error).__name__} from {self.url}")
+            except TimeoutError:
+                self._drop()
+                detail = f"timed out after {self.timeout}s: {self.url}"
+                return SendResult(False, retryable=True, detail=detail)
+            except (OSError, http.client.HTTPException) as error:
+                self._drop()
+                detail = f"{type(error).__name__}: {error} ({self.url})"
+                return SendResult(False, retryable=True, detail=detail)
+        return SendResult(False, retryable=True, detail=f"connection closed by {self.url}")
+
+    def close(self) -> None:
+        self._drop()
+
+
+class KnativeSink:
+    """K_SINK, binary content mode (the attributes as ce- headers, the data as the JSON body)."""
+
+    name = "knative"
+
+    def __init__(self, url: str, timeout: float, ca_certs: str | None = None) -> None:
+        self.poster = HttpPoster(url, timeout, ca_certs)
+
+    def send(self, event: CloudEvent) -> SendResult:
+        headers, body = to_binary(event, data_marshaller=_compact_json)
+        return self.poster.post(headers, body)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+class DaprSink:
+    """Dapr pub/sub through the sidecar: POST /v1.0/publish/<pubsub>/<topic>, structured event."""
+
+    name = "dapr"
+
+    def __init__(
+        self, port: int, pubsub: str, topic: str, timeout: float, api_token: str | None = None
+    ) -> None:
+        url = f"http://localhost:{port}/v1.0/publish/{quote(pubsub, safe='')}/{quote(topic, safe='')}"
+        self.poster = HttpPoster(url, timeout)
+        self.api_token = api_token
+
+    def send(self, event: CloudEvent) -> SendResult:
+        _, body = to_structured(event)
+        headers = {"content-type": "application/cloudevents+json"}
+        if self.api_token:
+            headers["dapr-api-token"] = self.api_token
+        return self.poster.post(headers, body)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+def environment_ca_certs(environ: Mapping[str, str] | None = None) -> str | None:
+    value = (os.environ if environ is None else environ).get("K_CA_CERTS", "").strip()
+    return value or None
