@@ -51,7 +51,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
     options: dict[str, Any] = {}
     if args.tls_cert:
+        from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
+
         options.update(certfile=args.tls_cert, keyfile=args.tls_key)
+        # cert-manager renews the files in place: reload workers when they change (see function/tls.py).
+        interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
+        CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
     create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
     return 0
 
