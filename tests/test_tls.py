@@ -92,7 +92,8 @@ def test_serve_over_tls_and_reload_a_renewed_certificate(tmp_path: Path) -> None
     env = {**os.environ, "HOME": str(tmp_path), "CASTSLICE_TLS_RELOAD_SECONDS": "0.3"}
     env.pop("CASTSLICE_CONFIG", None)
     server = subprocess.Popen(
-        [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
+        [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(port)]
+        + ["--tls-cert", str(cert), "--tls-key", str(key)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
