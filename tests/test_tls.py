@@ -40,9 +40,12 @@ def write_pair(directory: Path, common_name: str) -> tuple[Path, Path]:
     # Write beside and rename: a Secret volume also swaps its files atomically.
     for path, data in (
         (cert_path, cert.public_bytes(serialization.Encoding.PEM)),
-        (key_path, key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )),
+        (
+            key_path,
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+        ),
     ):
         temporary = path.with_suffix(".tmp")
         temporary.write_bytes(data)
@@ -92,8 +95,16 @@ def test_serve_over_tls_and_reload_a_renewed_certificate(tmp_path: Path) -> None
     env = {**os.environ, "HOME": str(tmp_path), "CASTSLICE_TLS_RELOAD_SECONDS": "0.3"}
     env.pop("CASTSLICE_CONFIG", None)
     server = subprocess.Popen(
-        [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(port)]
-        + ["--tls-cert", str(cert), "--tls-key", str(key)],
+        [
+            CASTSLICE,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *("--tls-cert", str(cert)),
+            *("--tls-key", str(key)),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
