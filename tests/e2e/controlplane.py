@@ -21,10 +21,12 @@ logs after the session, its path is printed).
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -307,6 +309,25 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """A preexec_fn making the child get SIGTERM when the test process dies
+    (Linux prctl(PR_SET_PDEATHSIG)), so a killed pytest leaves no apiserver
+    behind. Resolved in the parent: the child only calls into libc."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def setter() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return setter
+
+
+_PREEXEC = _pdeathsig_setter()
+
+
 @dataclass
 class _Process:
     name: str
@@ -322,6 +343,7 @@ class _Process:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_PREEXEC,
             )
 
     def exited(self) -> int | None:
@@ -409,7 +431,9 @@ class ControlPlane:
     ) -> CertKey:
         """Issue a certificate signed by ``ca_cert`` into ``workdir/certs``
         (e.g. a webhook serving cert for 127.0.0.1; its caBundle is
-        ``ca_cert``'s content)."""
+        ``ca_cert``'s content). ``name`` must be new in that directory."""
+        if (self._certs.dir / f"{name}.crt").exists() or (self._certs.dir / f"{name}.key").exists():
+            raise ValueError(f"a certificate named {name!r} already exists in {self._certs.dir}")
         return self._certs.issue(
             name,
             common_name,
@@ -688,7 +712,11 @@ def control_plane_fixture() -> Iterator[ControlPlane]:
     try:
         cp = start_control_plane(binaries)
     except ControlPlaneError as e:
-        pytest.fail(f"could not start the e2e control plane: {e}", pytrace=False)
+        error = str(e)
+    else:
+        error = ""
+    if error:  # (outside the except: no chained traceback in the report)
+        pytest.fail(f"could not start the e2e control plane: {error}", pytrace=False)
     try:
         yield cp
     finally:
