@@ -385,7 +385,11 @@ def test_server_side_dry_run_mutates_but_emits_no_audit_event(cluster: dict[str,
         e for e in events.events if e["headers"].get("ce-subject") == f"namespaces/{SLICING_NS}/pods/wet"
     )
     assert wet["headers"]["ce-type"] == "io.castops.castslice.admission.mutated.v1"
-    assert json.loads(wet["body"])["request"]["uid"] if "request" in json.loads(wet["body"]) else True
+    data = json.loads(wet["body"])
+    assert data["request"]["operation"] == "CREATE" and data["request"]["uid"]
+    assert data["pod"]["name"] == "wet" and data["outcome"] == "mutated"
+    assert [m["mutator"] for m in data["mutators"] if m["action"] == "mutated"] == ["gpu-slicing"]
+    assert wet["headers"]["ce-outcome"] == "mutated" and wet["headers"]["ce-podnamespace"] == SLICING_NS
 
 
 def test_vgpu_pod_goes_to_the_vgpu_scheduler_with_priority_env(cluster: dict[str, Any]) -> None:
@@ -408,6 +412,52 @@ def test_vgpu_pod_with_node_name_is_denied(cluster: dict[str, Any]) -> None:
         cluster["core"].create_namespaced_pod(VGPU_NS, pod("pinned", limits=GPU, nodeName="gpu-node-1"))
     assert denied.value.status == 403
     assert "nodeName" in json.loads(denied.value.body)["message"]
+
+
+def test_privileged_vgpu_pod_is_denied_naming_the_container(cluster: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    manifest = pod("privileged", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"})
+    manifest["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    with pytest.raises(ApiException) as denied:
+        cluster["core"].create_namespaced_pod(VGPU_NS, manifest)
+    assert denied.value.status == 403
+    message = json.loads(denied.value.body)["message"]
+    assert "privileged" in message and "main" in message
+
+
+def test_slicing_and_vgpu_together(cluster: dict[str, Any]) -> None:
+    """Both mutators on: an opted-in whole-GPU Pod is sliced and stays with the default scheduler;
+    an opted-in Pod that also asks for vGPU memory is a conflict, denied by default."""
+    from kubernetes.client.exceptions import ApiException
+
+    cluster["core"].create_namespaced_pod(VGPU_NS, pod("sliced-not-vgpu", OPTED_IN, GPU))
+    result = stored(cluster, VGPU_NS, "sliced-not-vgpu")
+    assert resources_of(result)["limits"] == {"nvidia.com/gpu-shared": "1"}
+    assert result["spec"]["schedulerName"] == "default-scheduler"
+    with pytest.raises(ApiException) as denied:
+        cluster["core"].create_namespaced_pod(
+            VGPU_NS, pod("conflict", OPTED_IN, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})
+        )
+    assert denied.value.status == 403
+
+
+def test_a_stored_vgpu_pod_sent_again_gains_nothing(cluster: dict[str, Any]) -> None:
+    """Reinvocation: the webhook's own output, created again, is stored identically (no duplicate env)."""
+    manifest = pod("again-1", limits={"nvidia.com/gpumem": "1000", "nvidia.com/priority": "0"})
+    cluster["core"].create_namespaced_pod(VGPU_NS, manifest)
+    first = stored(cluster, VGPU_NS, "again-1")
+    second_manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "again-2"},
+        "spec": {k: v for k, v in first["spec"].items() if k not in ("nodeName",)},
+    }
+    cluster["core"].create_namespaced_pod(VGPU_NS, second_manifest)
+    second = stored(cluster, VGPU_NS, "again-2")
+    assert second["spec"]["containers"] == first["spec"]["containers"]
+    assert [e["name"] for e in second["spec"]["containers"][0]["env"]] == ["CUDA_TASK_PRIORITY"]
+    assert second["spec"]["schedulerName"] == "hami-scheduler"
 
 
 def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any]) -> None:
