@@ -13,13 +13,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from cloudevents.conversion import to_binary, to_dict, to_structured
 from cloudevents.http import CloudEvent
 
 from function.admission import request_info
 from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import build_event
 from function.audit.metrics import AuditMetrics
-from function.audit.sinks import DaprSink, KnativeSink, SendResult, StdoutSink, StdoutWriter, classify
+from function.audit.sinks import (
+    DaprSink,
+    KnativeSink,
+    SendResult,
+    StdoutSink,
+    StdoutWriter,
+    WireEvent,
+    classify,
+)
 from function.config import Config
 from function.engine import Engine
 from function.review import parse_review
@@ -66,9 +75,9 @@ class ScriptedSink:
         self.calls: list[str] = []
         self.lock = threading.Lock()
 
-    def send(self, event: CloudEvent) -> SendResult:
+    def send(self, event: WireEvent) -> SendResult:
         with self.lock:
-            self.calls.append(event["id"])
+            self.calls.append(event.id)
             result = self.results[min(len(self.calls) - 1, len(self.results) - 1)]
         if isinstance(result, Exception):
             raise result
@@ -91,11 +100,11 @@ class BlockingSink:
         self.started = threading.Event()
         self.delivered: list[str] = []
 
-    def send(self, event: CloudEvent) -> SendResult:
+    def send(self, event: WireEvent) -> SendResult:
         self.started.set()
         if not self.release.wait(30):
             return SendResult(False, retryable=True, detail="never released")
-        self.delivered.append(event["id"])
+        self.delivered.append(event.id)
         return SendResult(True)
 
     def close(self) -> None:
@@ -288,10 +297,21 @@ def test_status_classification(status: int, delivered: bool, retryable: bool) ->
 
 def test_stdout_sink_writes_delivered_lines(stdout: Stdout) -> None:
     sink = StdoutSink(stdout.writer)
-    assert sink.send(make_event(1)).delivered
+    assert sink.send(WireEvent.of(make_event(1))).delivered
     [line] = stdout.lines()
     assert line == {"castslice": "audit-event", "delivered": True, "event": line["event"]}
     assert line["event"]["id"] == "ev-1" and "reason" not in line
+
+
+def test_a_queued_event_is_serialized_once_and_round_trips() -> None:
+    event = make_event(1)
+    wire = WireEvent.of(event)
+    assert isinstance(wire.data, bytes), "a backlog holds bytes, not dict trees for the GC to walk"
+    assert json.loads(wire.structured()) == json.loads(to_structured(event)[1])
+    headers, body = wire.binary()
+    expected_headers, expected_body = to_binary(event)
+    assert headers == expected_headers and json.loads(body) == json.loads(expected_body)
+    assert to_dict(wire.cloud_event()) == to_dict(event)
 
 
 # -- real HTTP sinks on loopback ------------------------------------------------------------------------

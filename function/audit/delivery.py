@@ -25,13 +25,13 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from cloudevents.http import CloudEvent
 
 from function.audit.metrics import AuditMetrics
-from function.audit.sinks import SendResult, Sink, StdoutWriter
+from function.audit.sinks import SendResult, Sink, StdoutWriter, WireEvent
 
 log = logging.getLogger("castslice.audit")
 
@@ -91,14 +91,14 @@ class RetryPolicy:
         return wait
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
-    event: CloudEvent
+    event: WireEvent
     enqueued_at: float
-    id: str = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.id = str(self.event["id"])
+    @property
+    def id(self) -> str:
+        return self.event.id
 
 
 class Backlog:
@@ -194,9 +194,10 @@ class EventSender:
         metrics.watch_queue(self.depth, capacity)
 
     # -- the admission side ---------------------------------------------------------------------
-    def submit(self, event: CloudEvent) -> None:
+    def submit(self, cloud_event: CloudEvent) -> None:
         """Never blocks: the event is queued, or written to stdout now with the reason."""
         self._ensure_started()
+        event = WireEvent.of(cloud_event)  # serialized once, here: see sinks.WireEvent
         refused = "shutdown" if self._closing else self._backlog.offer(Pending(event, time.monotonic()))
         if refused is not None:
             detail = f"backlog of {self.capacity} events" if refused == "queue_full" else ""
@@ -274,7 +275,7 @@ class EventSender:
             if self._stopped.wait(wait):
                 return  # the drain ran out of time and wrote this event to stdout
 
-    def _spill(self, event: CloudEvent, reason: str, detail: str = "", attempts: int = 0) -> None:
+    def _spill(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> None:
         self.metrics.event_spilled(reason)
         self.writer.undelivered(event, SPILL_TEXT[reason], detail, attempts)
 

@@ -6,6 +6,11 @@
   (``application/cloudevents+json``), so Dapr forwards our event as is instead of wrapping it.
 - ``StdoutSink``: one JSON line per event; the embedded default, read by the cluster's log pipeline.
 
+Sinks get a ``WireEvent``: the CloudEvent with its data already serialized, once, when it is
+queued. A backlog of thousands of events is then a few small objects each instead of a tree of
+dicts, which kept the garbage collector busy for 80 ms at a time with 10 000 events queued: the
+admission path felt it.
+
 A sink never raises and never retries: it reports what happened (delivered, retryable or not)
 and the sender (delivery.py) decides what to do. Stdout is also where undelivered events end up,
 with ``"delivered": false`` and the reason, so the two kinds of line are told apart by one key.
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TextIO
 from urllib.parse import quote, urlsplit
 
-from cloudevents.conversion import to_binary, to_dict, to_structured
+from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 
 log = logging.getLogger("castslice.audit")
@@ -49,21 +54,43 @@ class SendResult:
 DELIVERED = SendResult(True)
 
 
-class Sink(Protocol):
-    name: str
-
-    def send(self, event: CloudEvent) -> SendResult: ...
-
-    def close(self) -> None: ...
-
-
 def _compact_json(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def event_as_dict(event: CloudEvent) -> dict[str, Any]:
-    """The structured-mode JSON object of an event (attributes and ``data`` side by side)."""
-    return to_dict(event)
+@dataclass(frozen=True, slots=True)
+class WireEvent:
+    """A CloudEvent as it waits and travels: string attributes, and ``data`` as compact JSON."""
+
+    id: str
+    attributes: dict[str, str]
+    data: bytes
+
+    @classmethod
+    def of(cls, event: CloudEvent) -> WireEvent:
+        attributes = {name: str(event[name]) for name in event}
+        return cls(attributes["id"], attributes, _compact_json(event.get_data()))
+
+    def binary(self) -> tuple[dict[str, str], bytes]:
+        """HTTP binary mode (ce- headers, data as the body): bytes data passes through as is."""
+        return to_binary(CloudEvent(self.attributes, self.data))
+
+    def structured(self) -> bytes:
+        """The structured-mode JSON object (attributes and ``data`` side by side), without
+        parsing ``data`` again: the attributes object with the data spliced in."""
+        head = _compact_json(self.attributes)
+        return head[:-1] + b',"data":' + self.data + b"}"
+
+    def cloud_event(self) -> CloudEvent:
+        return CloudEvent(self.attributes, json.loads(self.data))
+
+
+class Sink(Protocol):
+    name: str
+
+    def send(self, event: WireEvent) -> SendResult: ...
+
+    def close(self) -> None: ...
 
 
 # -- stdout -----------------------------------------------------------------------------------------
@@ -78,8 +105,9 @@ class StdoutWriter:
         self._stream = stream or (lambda: sys.stdout)
         self._lock = threading.Lock()
 
-    def write(self, record: Mapping[str, Any]) -> bool:
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+    def write(self, header: Mapping[str, Any], event: WireEvent) -> bool:
+        """One line: ``header``'s keys, then ``"event"``: the structured event."""
+        line = (_compact_json(header)[:-1] + b',"event":' + event.structured() + b"}\n").decode()
         with self._lock:
             try:
                 stream = self._stream()
@@ -90,20 +118,13 @@ class StdoutWriter:
                 log.error("cannot write an audit event to stdout (%s): %s", error, line.strip()[:2000])
                 return False
 
-    def delivered(self, event: CloudEvent) -> bool:
-        return self.write({"castslice": LINE_MARKER, "delivered": True, "event": event_as_dict(event)})
+    def delivered(self, event: WireEvent) -> bool:
+        return self.write({"castslice": LINE_MARKER, "delivered": True}, event)
 
-    def undelivered(self, event: CloudEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
-        return self.write(
-            {
-                "castslice": LINE_MARKER,
-                "delivered": False,
-                "reason": reason,
-                "detail": detail,
-                "attempts": attempts,
-                "event": event_as_dict(event),
-            }
-        )
+    def undelivered(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
+        header = {"castslice": LINE_MARKER, "delivered": False, "reason": reason, "detail": detail,
+                  "attempts": attempts}
+        return self.write(header, event)
 
 
 class StdoutSink:
@@ -112,7 +133,7 @@ class StdoutSink:
     def __init__(self, writer: StdoutWriter) -> None:
         self.writer = writer
 
-    def send(self, event: CloudEvent) -> SendResult:
+    def send(self, event: WireEvent) -> SendResult:
         if self.writer.delivered(event):
             return DELIVERED
         return SendResult(False, retryable=False, detail="stdout is not writable")
@@ -210,8 +231,8 @@ class KnativeSink:
     def __init__(self, url: str, timeout: float, ca_certs: str | None = None) -> None:
         self.poster = HttpPoster(url, timeout, ca_certs)
 
-    def send(self, event: CloudEvent) -> SendResult:
-        headers, body = to_binary(event, data_marshaller=_compact_json)
+    def send(self, event: WireEvent) -> SendResult:
+        headers, body = event.binary()
         return self.poster.post(headers, body)
 
     def close(self) -> None:
@@ -230,8 +251,9 @@ class DaprSink:
         self.poster = HttpPoster(url, timeout)
         self.api_token = api_token
 
-    def send(self, event: CloudEvent) -> SendResult:
-        _, body = to_structured(event)
+    def send(self, event: WireEvent) -> SendResult:
+        # Off the admission path (the sender thread), so the SDK's own structured encoding.
+        _, body = to_structured(event.cloud_event())
         headers = {"content-type": "application/cloudevents+json"}
         if self.api_token:
             headers["dapr-api-token"] = self.api_token
