@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -63,7 +64,12 @@ def refused_url() -> str:
 class RecordingSink:
     """An HTTP sink that records every POST and answers with ``statuses`` in turn (the last repeats)."""
 
-    def __init__(self, statuses: Sequence[int] = (202,), headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        statuses: Sequence[int] = (202,),
+        headers: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         self.statuses = list(statuses)
         self.extra_headers = headers or {}
         self.requests: list[dict[str, Any]] = []
@@ -96,6 +102,11 @@ class RecordingSink:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        if tls is not None:  # (certificate, key): serve HTTPS as https://localhost:<port>/
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.url = f"https://localhost:{self.server.server_address[1]}/"
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self._thread.start()
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -415,5 +416,28 @@ def test_dapr_sink_publishes_the_structured_event(stdout: Stdout, closers: list[
         body = json.loads(request["body"])
         assert body["id"] == "ev-1" and body["type"] == event["type"] and body["data"] == event.data
         assert body["outcome"] == "mutated" and body["dataschema"] == event["dataschema"]
+    finally:
+        server.close()
+
+
+def test_https_sink_verified_with_k_ca_certs(
+    tmp_path: Path, stdout: Stdout, closers: list[EventSender]
+) -> None:
+    from tests.test_tls import write_pair
+
+    certificate, key = write_pair(tmp_path, "localhost")
+    server = RecordingSink([202], tls=(certificate, key))
+    try:
+        trusted, trusted_metrics = sender_for(KnativeSink(server.url, 2.0, certificate.read_text()), stdout)
+        untrusted, _ = sender_for(KnativeSink(server.url, 2.0), stdout)
+        closers.extend([trusted, untrusted])
+        trusted.submit(make_event(1))
+        wait_for(lambda: sample(trusted_metrics, "castslice_audit_events_delivered_total", sink="knative"), 5)
+        assert server.ids() == ["ev-1"]
+        # Without the CA (K_CA_CERTS unset) the certificate is not trusted: never sent, kept on stdout.
+        untrusted.submit(make_event(2))
+        wait_for(lambda: stdout.undelivered(), 5, what="the spilled line")
+        assert "CERTIFICATE_VERIFY_FAILED" in stdout.undelivered()["ev-2"]["detail"]
+        assert server.ids() == ["ev-1"]
     finally:
         server.close()

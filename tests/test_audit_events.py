@@ -270,6 +270,7 @@ def test_extension_overrides_from_k_ce_overrides() -> None:
     assert overrides == {"cluster": "prod-eu", "tier": "2"}
     event = event_for("default-slice-inference", extensions=overrides)
     assert event["cluster"] == "prod-eu" and event["type"] == EVENT_TYPES["mutated"]
+    assert event_problems(to_dict(event)) == [], "consumers accept the extra extensions"
     assert parse_extension_overrides("") == {} and parse_extension_overrides(None) == {}
     assert parse_extension_overrides('{"extensions": null}') == {}
     for bad in (
