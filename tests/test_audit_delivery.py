@@ -315,6 +315,14 @@ def test_a_queued_event_is_serialized_once_and_round_trips() -> None:
     assert to_dict(wire.cloud_event()) == to_dict(event)
 
 
+def test_stdout_lines_are_ascii_so_any_stdout_encoding_takes_them() -> None:
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    event = CloudEvent({"type": "t.v1", "source": "/s", "id": "1"}, {"reason": "naïve ✓"})
+    assert StdoutWriter(lambda: stream).undelivered(WireEvent.of(event), "queue full")
+    [line] = parse_lines(stream.buffer.getvalue().decode("ascii"))  # type: ignore[attr-defined]
+    assert line["event"]["data"] == {"reason": "naïve ✓"} and line["reason"] == "queue full"
+
+
 # -- real HTTP sinks on loopback ------------------------------------------------------------------------
 def test_knative_sink_posts_binary_mode_to_k_sink(stdout: Stdout, closers: list[EventSender]) -> None:
     server = RecordingSink([202])

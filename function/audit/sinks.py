@@ -55,7 +55,8 @@ DELIVERED = SendResult(True)
 
 
 def _compact_json(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    # ASCII (non-ASCII escaped): a line stays writable whatever stdout's encoding is.
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)
