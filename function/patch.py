@@ -25,6 +25,8 @@ def same(a: Any, b: Any) -> bool:
 
     Python's == (in C) rejects most differences at once; the typed walk then runs only on
     values == calls equal, to tell the aliased scalars apart."""
+    if a is b:
+        return True  # the common case: no mutator touched the Pod, the engine kept the object
     if a != b:
         return False
     return _same_types(a, b)

@@ -73,7 +73,9 @@ def procfile_command() -> str:
 
 
 class HealthySink(http.server.BaseHTTPRequestHandler):
-    """A broker ingress that accepts every event at once (202)."""
+    """A broker ingress that accepts every event at once (202), keeping connections alive."""
+
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -188,6 +190,8 @@ def main() -> int:
     two_cores = (os.cpu_count() or 1) >= 2
     server_pin = ["taskset", "-c", "0"] if two_cores else []
     client_pin = ["taskset", "-c", "1"] if two_cores else []
+    if two_cores:
+        os.sched_setaffinity(0, {1})  # this process hosts the test sink: keep it off the server's CPU
 
     sink_url, _sink = start_sink(args.sink)  # _sink keeps the sink's sockets alive until exit
     env = {**os.environ, "WORKERS": "1", "HOME": os.environ.get("HOME", tempfile.gettempdir())}
