@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from function.config import Config, OnInternalError
@@ -117,7 +117,7 @@ class Engine:
         except Exception as error:  # nothing escapes: a 500 would hand the Pod to failurePolicy
             log.exception("internal error deciding on pod (request uid %s)", request.uid)
             decision = self.internal_error(error, request)
-        return _with_duration(decision, time.perf_counter() - started)
+        return replace(decision, duration_seconds=time.perf_counter() - started)
 
     # -- the steps -------------------------------------------------------------------------
     def _decide(self, pod: Pod, request: RequestInfo) -> Decision:
@@ -217,8 +217,3 @@ def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> Non
         raise MutatorLied(f"{mutator.name} changed the Pod but reported {result.action.value}")
     if result.action is Action.mutated and not changed:
         raise MutatorLied(f"{mutator.name} reported mutated but changed nothing")
-
-
-def _with_duration(decision: Decision, seconds: float) -> Decision:
-    object.__setattr__(decision, "duration_seconds", seconds)
-    return decision
