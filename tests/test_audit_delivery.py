@@ -214,6 +214,7 @@ def test_a_full_backlog_spills_at_once_without_blocking_and_stays_bounded(
         sender.submit(make_event(number))
         assert sender.depth() <= 3
     assert time.perf_counter() - started < 0.5, "submitting never waits for the sink"
+    wait_for(lambda: len(stdout.undelivered()) == 16, 5, what="the spilled lines")
     spilled = stdout.undelivered()
     assert set(spilled) == {f"ev-{n}" for n in range(4, 20)}
     assert {line["reason"] for line in spilled.values()} == {"queue full"}
@@ -244,8 +245,9 @@ def test_close_drains_within_its_bound_and_writes_the_rest_to_stdout(
     assert {line["reason"] for line in spilled.values()} == {"shutdown"}
     assert sample(metrics, "castslice_audit_events_spilled_total", reason="shutdown") == 10
     assert not sender.accepting
-    # After close, an event goes straight to stdout.
+    # After close, an event goes to stdout (through the spill writer: submit never writes itself).
     sender.submit(make_event(99))
+    wait_for(lambda: "ev-99" in stdout.undelivered(), 5, what="the late event on stdout")
     assert stdout.undelivered()["ev-99"]["reason"] == "shutdown"
     assert sender.close() == 0, "closing twice is harmless"
     sink.release.set()

@@ -1,7 +1,8 @@
 """Getting events to the sink off the admission path, and never losing one silently.
 
 ``submit`` is all the admission path does: a non-blocking append to a bounded backlog (a full
-backlog writes that event to stdout at once, marked undelivered). Background sender threads take
+backlog hands that event, marked undelivered, to the spill writer: the admission path itself never
+writes to stdout, since a log pipe that stops draining would block it). Background sender threads take
 events from the backlog and post them, retrying connection errors, timeouts and the retryable
 statuses with exponential backoff and jitter. An event that still fails is written whole to
 stdout marked undelivered, with the reason. ``close`` lets the backlog drain for a bounded time
@@ -9,7 +10,9 @@ and writes whatever is left to stdout; ``close_all`` closes every sender of the 
 at shutdown (see shutdown.py for how it is reached under SIGTERM).
 
 So every event id ends up either acknowledged by the sink or on stdout (at least once: an event
-whose delivery was still in flight when the drain bound ran out can be both).
+whose delivery was still in flight when the drain bound ran out can be both). The one exception
+is stdout itself blocked long enough to fill the spill queue too: then events are dropped, counted
+(castslice_audit_events_dropped) and reported on stderr once stdout moves again.
 
 The backlog is a deque under one condition variable rather than a ``queue.Queue``: taking an event
 and marking it in flight must be one step, or the drain could miss an event that is in neither
@@ -42,6 +45,9 @@ SPILL_TEXT: Final = {
     "shutdown": "shutdown",
 }
 """The ``reason`` written on an undelivered stdout line, per metrics label."""
+
+MIN_SPILL_CAPACITY: Final = 1000
+"""The spill queue holds at least this many lines, however small the backlog is configured."""
 
 _started_senders: list[EventSender] = []
 _registry_lock = threading.Lock()
@@ -163,6 +169,66 @@ class Backlog:
         return len(self._waiting)
 
 
+class SpillWriter:
+    """Undelivered events on their way to stdout, written by one background thread.
+
+    Callers only append (never block); the thread does the blocking writes. When stdout stops
+    draining and this queue fills too, further events are dropped and counted, and the thread
+    reports how many once a write succeeds again.
+    """
+
+    def __init__(self, writer: StdoutWriter, metrics: AuditMetrics, capacity: int) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.capacity = capacity
+        self._items: deque[tuple[WireEvent, str, str, int]] = deque()
+        self._changed = threading.Condition()
+        self._writing = False
+        self._dropped = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="castslice-audit-spill", daemon=True)
+        self._thread.start()
+
+    def put_nowait(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
+        with self._changed:
+            if len(self._items) >= self.capacity:
+                self._dropped += 1
+                self.metrics.event_dropped(reason)
+                return False
+            self._items.append((event, reason, detail, attempts))
+            self.metrics.event_spilled(reason)
+            self._changed.notify_all()
+            return True
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._items:
+                    self._changed.wait()
+                event, reason, detail, attempts = self._items[0]
+                self._writing = True
+            written = self.writer.undelivered(event, SPILL_TEXT[reason], detail, attempts)
+            with self._changed:
+                self._items.popleft()
+                self._writing = False
+                dropped, self._dropped = (self._dropped, 0) if written else (0, self._dropped)
+                self._changed.notify_all()
+            if dropped:
+                log.error("audit: %d event(s) were dropped while stdout was blocked", dropped)
+
+    def flush(self, deadline: float) -> bool:
+        """Wait until every queued line is written, or the deadline passes."""
+        with self._changed:
+            while self._items or self._writing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+
 class EventSender:
     def __init__(
         self,
@@ -191,11 +257,12 @@ class EventSender:
         self._closing = False
         self._deadline: float | None = None
         self._stopped = threading.Event()
+        self._spills = SpillWriter(writer, metrics, max(capacity, MIN_SPILL_CAPACITY))
         metrics.watch_queue(self.depth, capacity)
 
     # -- the admission side ---------------------------------------------------------------------
     def submit(self, cloud_event: CloudEvent) -> None:
-        """Never blocks: the event is queued, or written to stdout now with the reason."""
+        """Never blocks: the event is queued, or handed to the spill writer with the reason."""
         self._ensure_started()
         event = WireEvent.of(cloud_event)  # serialized once, here: see sinks.WireEvent
         refused = "shutdown" if self._closing else self._backlog.offer(Pending(event, time.monotonic()))
@@ -226,8 +293,10 @@ class EventSender:
             if self._started_in is not None:
                 # A forked child: the parent's backlog and threads are not ours.
                 self._backlog = Backlog(self.capacity)
+                self._spills = SpillWriter(self.writer, self.metrics, max(self.capacity, MIN_SPILL_CAPACITY))
                 self._threads = []
             self._started_in = os.getpid()
+            self._spills.start()
             for number in range(self.senders):
                 thread = threading.Thread(target=self._run, name=f"castslice-audit-{number}", daemon=True)
                 thread.start()
@@ -276,8 +345,11 @@ class EventSender:
                 return  # the drain ran out of time and wrote this event to stdout
 
     def _spill(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> None:
-        self.metrics.event_spilled(reason)
-        self.writer.undelivered(event, SPILL_TEXT[reason], detail, attempts)
+        if self._started_in == os.getpid():
+            self._spills.put_nowait(event, reason, detail, attempts)
+        else:  # never started in this process (closed before any submit): no writer thread
+            self.metrics.event_spilled(reason)
+            self.writer.undelivered(event, SPILL_TEXT[reason], detail, attempts)
 
     # -- shutdown -------------------------------------------------------------------------------
     def close(self, timeout: float | None = None) -> int:
@@ -295,6 +367,8 @@ class EventSender:
         self._stopped.set()
         for pending in left:
             self._spill(pending.event, "shutdown", f"not delivered within the {bound:g}s drain bound")
+        if started and not self._spills.flush(max(self._deadline, time.monotonic() + 1.0)):
+            log.error("audit: stdout did not take every undelivered event before shutdown")
         if left or not drained:
             log.warning("audit: %d event(s) not delivered by shutdown were written to stdout", len(left))
         self.sink.close()

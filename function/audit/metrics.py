@@ -78,6 +78,12 @@ class AuditMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.dropped = Counter(
+            "castslice_audit_events_dropped",
+            "Decision events lost because stdout itself was blocked and the spill queue was full.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.delivery_seconds = Histogram(
             "castslice_audit_delivery_seconds",
             "Time from an event entering the queue to its acknowledgement by the sink.",
@@ -99,6 +105,7 @@ class AuditMetrics:
         self.retried.labels(sink)
         for reason in SPILL_REASONS:
             self.spilled.labels(reason)
+            self.dropped.labels(reason)
 
     # -- the calls the recorder and the sender make ---------------------------------------------
     def admission(self, outcome: str, dry_run: bool, decision_seconds: float | None) -> None:
@@ -118,6 +125,9 @@ class AuditMetrics:
 
     def event_spilled(self, reason: str) -> None:
         self.spilled.labels(reason).inc()
+
+    def event_dropped(self, reason: str) -> None:
+        self.dropped.labels(reason).inc()
 
     def watch_queue(self, depth: Callable[[], int], capacity: int) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
