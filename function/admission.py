@@ -26,8 +26,10 @@ class NoRecorder:
 def request_info(review: AdmissionReview) -> RequestInfo:
     request = review.request
     pod = request.object if isinstance(request.object, dict) else {}
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    namespace = request.namespace or (metadata or {}).get("namespace") or ""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    namespace = request.namespace or metadata.get("namespace") or ""
     return RequestInfo(
         uid=request.uid,
         namespace=namespace if isinstance(namespace, str) else "",
@@ -40,7 +42,9 @@ def request_info(review: AdmissionReview) -> RequestInfo:
 
 def response_for(uid: str, decision: Decision) -> dict[str, Any]:
     audit: dict[str, str] = {"outcome": decision.outcome}
-    if decision.acting_mutators:
+    # Name the mutators only when their work reaches the apiserver (a patch or a denial), not
+    # when a safety check withheld it.
+    if decision.outcome in ("mutated", "denied") and decision.acting_mutators:
         audit["mutators"] = ",".join(decision.acting_mutators)
     if not decision.allowed:
         return denied(uid, decision.denial or decision.reason, decision.warnings, audit)

@@ -176,8 +176,9 @@ class Engine:
                 changed = working != current
                 _check_honest(mutator, result, changed)
                 previous = decisions.get(mutator.name)
-                # Keep the pass where a mutator acted: a later no-op pass says nothing new.
-                if previous is None or previous.action is Action.unchanged:
+                # Keep the pass where a mutator acted (a later no-op pass says nothing new); a
+                # denial from any pass is final, whatever the mutator did before.
+                if previous is None or previous.action is Action.unchanged or result.action is Action.denied:
                     decisions[mutator.name] = MutatorDecision(
                         mutator.name, result.action, result.reason, result.warnings
                     )

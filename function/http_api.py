@@ -52,7 +52,15 @@ class WebhookHttp:
         self.metrics = metrics
 
     def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
-        """``body`` is None when the transport found it larger than MAX_BODY_BYTES."""
+        """``body`` is None when the transport found it larger than MAX_BODY_BYTES. Never raises:
+        a bug below answers a JSON 500 (the apiserver then applies failurePolicy) and is logged."""
+        try:
+            return self._route(method, path, body)
+        except Exception:  # the last resort; the engine and the admission layer guard themselves
+            log.exception("unexpected error serving %s %s", method, path)
+            return problem(500, "internal error (logged by the webhook)")
+
+    def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
         if path in MUTATE_PATHS:
             if method != "POST":
                 return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})

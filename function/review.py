@@ -119,6 +119,8 @@ def parse_review(body: bytes) -> AdmissionReview:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadReview(f"body is not JSON: {error}") from None
+    except RecursionError:
+        raise BadReview("body is not usable JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise BadReview(f"body must be a JSON object (an AdmissionReview), got a JSON {json_type(data)}")
     if data.get("kind") != "AdmissionReview":

@@ -232,6 +232,25 @@ class BreaksTheRules:
         return MutatorResult.mutated("added an fpga request")
 
 
+class MutatesThenDenies:
+    """Adds a marker, then denies the Pod carrying it: the second pass's denial must win."""
+
+    name = "second-thoughts"
+
+    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+        metadata = pod.setdefault("metadata", {})
+        if "marker" in metadata:
+            return MutatorResult.denied("second-thoughts: the marker is not allowed")
+        metadata["marker"] = "x"
+        return MutatorResult.mutated("added a marker")
+
+
+def test_a_denial_in_a_later_pass_is_final() -> None:
+    decision = Engine(Config(), [MutatesThenDenies()]).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "denied" and not decision.allowed and not decision.patch
+    assert decision.denial == "second-thoughts: the marker is not allowed"
+
+
 @pytest.mark.parametrize("mutator", [Liar(), Boaster()])
 def test_a_mutator_misreporting_its_action_is_an_internal_error(mutator: Any) -> None:
     decision = Engine(Config(), [mutator]).decide(GPU_POD, REQUEST)

@@ -91,6 +91,7 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
         "request.dryRun must be true or false",
     ),
     ("no userInfo", json.dumps(with_request(userInfo=KeyError)).encode(), "request.userInfo is missing"),
+    ("nested too deeply", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ]
 
 
@@ -237,3 +238,28 @@ def test_invalid_configuration_stops_start_up(monkeypatch: pytest.MonkeyPatch, t
 
 def test_test_configs_exist() -> None:
     assert (CONFIGS / "warn.yaml").exists()
+
+
+def test_an_unexpected_error_outside_the_engine_is_a_json_500(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from function import http_api
+
+    def broken(body: bytes) -> Any:
+        raise RuntimeError("bug in parsing")
+
+    monkeypatch.setattr(http_api, "parse_review", broken)
+    client = asgi_client(monkeypatch)
+    answer = client.post("/mutate", json=GOOD)
+    assert answer.status_code == 500
+    assert answer.json() == {"error": "internal error (logged by the webhook)", "status": 500}
+    assert "bug in parsing" in caplog.text
+
+
+def test_a_withheld_patch_names_no_mutator_in_the_audit_annotations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from function.engine import Engine
+
+    monkeypatch.setattr(Engine, "_proof_problem", lambda self, original, patch, intended: "simulated")
+    response = asgi_client(monkeypatch).post("/mutate", json=GOOD).json()["response"]
+    assert response["allowed"] is True and "patch" not in response
+    assert response["auditAnnotations"] == {"outcome": "error"}

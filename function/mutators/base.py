@@ -8,6 +8,7 @@ claims one thing and does another is caught, not trusted.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -91,9 +92,23 @@ def labels_of(pod: Pod) -> dict[str, Any]:
     return labels if isinstance(labels, dict) else {}
 
 
+WARNING_LIMIT = 120
+"""The apiserver passes at most 120 characters of a warning on to kubectl."""
+
+
+def fit_warning(head: str, tail: str) -> str:
+    """``head + tail`` within WARNING_LIMIT, cutting the head (what was found) rather than the
+    tail (what to do about it), which is the part the user needs."""
+    if len(head) + len(tail) <= WARNING_LIMIT:
+        return head + tail
+    room = max(WARNING_LIMIT - len(tail) - 3, 0)
+    return (head[:room] + "..." + tail)[:WARNING_LIMIT]
+
+
 def shown(value: object, limit: int = 24) -> str:
-    """A user-supplied value quoted for a message, cut short so warnings stay under 120 chars."""
+    """A user-supplied value quoted for a message (JSON-escaped, so a newline shows as \\n and
+    cannot forge a line of output), cut short so warnings stay under 120 chars."""
     text = value if isinstance(value, str) else repr(value)
     if len(text) > limit:
         text = text[: limit - 3] + "..."
-    return '"' + text.replace('"', '\\"') + '"'
+    return json.dumps(text, ensure_ascii=False)

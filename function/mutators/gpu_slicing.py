@@ -19,14 +19,15 @@ import re
 from collections.abc import Collection
 
 from function.config import GpuSlicingConfig, OnInvalidAnnotation
-from function.mutators.base import MutatorResult, Pod, RequestInfo, annotations_of, shown
+from function.mutators.base import MutatorResult, Pod, RequestInfo, annotations_of, fit_warning, shown
+from function.quantity import QuantityError, parse_quantity
 from function.rules import iter_containers
 
 OPTIMIZE = "castops.io/optimize"
 WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
 
-_POSITIVE_INTEGER = re.compile(r"^[1-9][0-9]*$")
+_POSITIVE_INTEGER = re.compile(r"[1-9][0-9]*")  # used with fullmatch: "4\n" is not 4
 
 
 class InvalidAnnotation(Exception):
@@ -48,9 +49,10 @@ class InvalidAnnotation(Exception):
     @property
     def warning(self) -> str:
         # Warnings reach kubectl and are capped at 120 characters by the apiserver.
-        given = f"{self.annotation}={shown(self.value)}"
-        text = f"castslice: {given} ignored, Pod not sliced; use {self.accepted_short}"
-        return text[:120]
+        return fit_warning(
+            f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced",
+            f"; use {self.accepted_short}",
+        )
 
 
 class GpuSlicing:
@@ -67,20 +69,29 @@ class GpuSlicing:
         self._presets_text = ", ".join(f"{key} ({value})" for key, value in sorted(config.presets.items()))
         self._presets_short = ", ".join(sorted(config.presets))
 
-    def slice_count(self, annotations: dict[str, object]) -> tuple[int, str]:
-        """The slice count and where it came from; InvalidAnnotation when a value is unusable."""
+    def slice_count(self, annotations: dict[str, object]) -> tuple[int, str, tuple[str, ...]]:
+        """The slice count, where it came from, and warnings; InvalidAnnotation when unusable."""
         if SLICE_RATIO in annotations:
             raw = annotations[SLICE_RATIO]
             limit = self.config.maxSliceRatio
-            if not isinstance(raw, str) or not _POSITIVE_INTEGER.match(raw) or int(raw) > limit:
+            if not isinstance(raw, str) or not _POSITIVE_INTEGER.fullmatch(raw) or int(raw) > limit:
                 raise InvalidAnnotation(SLICE_RATIO, raw, f"a whole number from 1 to {limit}")
-            # A bad workload-type is still reported when slice-ratio overrides it: it is a typo either way.
-            self._check_workload_type(annotations)
-            return int(raw), f"{SLICE_RATIO}={raw}"
+            warnings: tuple[str, ...] = ()
+            try:
+                self._check_workload_type(annotations)
+            except InvalidAnnotation as typo:
+                # slice-ratio takes priority (the seed): slice, but say the workload type is a typo.
+                warnings = (
+                    fit_warning(
+                        f"castslice: {WORKLOAD_TYPE}={shown(typo.value)} unknown (slice-ratio {raw} applies)",
+                        f"; use {self._presets_short}",
+                    ),
+                )
+            return int(raw), f"{SLICE_RATIO}={raw}", warnings
         if WORKLOAD_TYPE in annotations:
             workload = self._check_workload_type(annotations)
-            return self.config.presets[workload], f"{WORKLOAD_TYPE}={workload} preset"
-        return self.config.defaultSlices, "default"
+            return self.config.presets[workload], f"{WORKLOAD_TYPE}={workload} preset", ()
+        return self.config.defaultSlices, "default", ()
 
     def _check_workload_type(self, annotations: dict[str, object]) -> str:
         workload = annotations.get(WORKLOAD_TYPE)
@@ -99,7 +110,7 @@ class GpuSlicing:
             return MutatorResult.unchanged(f'not opted in ({OPTIMIZE} is {shown(opt_in)}, not "true")')
 
         try:
-            slices, origin = self.slice_count(annotations)
+            slices, origin, warnings = self.slice_count(annotations)
         except InvalidAnnotation as bad:
             if self.on_invalid is OnInvalidAnnotation.deny:
                 return MutatorResult.denied(f"castslice: {bad.message}")
@@ -115,17 +126,25 @@ class GpuSlicing:
                 )
             return MutatorResult.unchanged(
                 f"opted in, but {where} asks for HAMi vGPU resource {resource}: not sliced",
-                f"castslice: Pod not sliced: {where} asks for HAMi vGPU {resource}"[:120],
+                fit_warning(
+                    f"castslice: Pod not sliced: {where} asks for HAMi vGPU {resource}",
+                    f"; drop {OPTIMIZE} or the vGPU resource",
+                ),
             )
 
         source, target = self.config.sourceResource, self.config.targetResource
-        sliced = []
+        sliced, zero = [], []
         for kind, index, container in iter_containers(pod):
             resources = container.get("resources")
             if not isinstance(resources, dict):
                 continue
             sections = [resources.get("limits"), resources.get("requests")]
-            if not any(isinstance(section, dict) and source in section for section in sections):
+            asked = [sec[source] for sec in sections if isinstance(sec, dict) and source in sec]
+            if not asked:
+                continue
+            if all(_is_zero(quantity) for quantity in asked):
+                # nvidia.com/gpu: 0 (common in templated charts) asks for no GPU: it gets no slice.
+                zero.append(f"{kind}/{container.get('name', index)}")
                 continue
             for section_name in ("limits", "requests"):
                 section = resources.get(section_name)
@@ -135,9 +154,12 @@ class GpuSlicing:
                 section[target] = str(slices)
             sliced.append(f"{kind}/{container.get('name', index)}")
 
+        left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not sliced:
-            return MutatorResult.unchanged(f"opted in, but no container requests {source}")
-        return MutatorResult.mutated(f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}")
+            return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
+        return MutatorResult.mutated(
+            f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}{left}", *warnings
+        )
 
     def _vgpu_conflict(self, pod: Pod) -> tuple[str, str] | None:
         """The first container asking for a vGPU resource, and that resource, if any."""
@@ -154,3 +176,10 @@ class GpuSlicing:
                         if resource in self.vgpu_resources:
                             return f"{kind}/{container.get('name', index)}", resource
         return None
+
+
+def _is_zero(quantity: object) -> bool:
+    try:
+        return parse_quantity(quantity) == 0
+    except QuantityError:
+        return False  # not ours to judge: the apiserver rejects a malformed quantity itself
