@@ -149,7 +149,11 @@ def review_for(pod: dict[str, Any], namespace: str, version: str) -> bytes:
     ).encode()
 
 
-@settings(max_examples=int(os.environ.get("CASTSLICE_PROPERTY_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("CASTSLICE_PROPERTY_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     pod=pods(),
     config_name=st.sampled_from(sorted(CONFIGS)),
