@@ -301,3 +301,12 @@ def test_the_schema_rejects_a_pod_smuggled_into_the_data() -> None:
         {**data, "object": load_review("default-slice-inference")["request"]["object"]}
     )
     assert not validator.is_valid({**data, "pod": {**data["pod"], "spec": {}}})
+
+
+def test_an_env_entry_appended_with_dash_is_redacted_too() -> None:
+    from function.audit.events import REDACTED, redact_patch
+
+    pod = {"spec": {"containers": [{"name": "c", "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]}}
+    patch = [{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "TOKEN", "value": "s3cr3t"}}]
+    redacted, count = redact_patch(patch, pod)
+    assert count == 1 and redacted[0]["value"] == {"name": "TOKEN", "value": REDACTED}

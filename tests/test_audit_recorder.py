@@ -63,9 +63,25 @@ def test_dapr_sink_uses_the_sidecar_port_pubsub_and_topic() -> None:
         ("auto", {"K_SINK": "http://b/", "K_CE_OVERRIDES": '{"extensions": {"outcome": "x"}}'}, "outcome"),
     ],
 )
-def test_an_unusable_sink_environment_stops_start_up(sink: str, environ: dict[str, str], words: str) -> None:
-    with pytest.raises(ConfigError, match=words):
-        build_recorder(parse_config({"audit": {"sink": sink}}), environ)
+def test_an_unusable_sink_environment_falls_back_to_stdout_with_an_error(
+    sink: str, environ: dict[str, str], words: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The platform injects these; a bad one must not stop admission (only the config file does).
+    recorder = build_recorder(parse_config({"audit": {"sink": sink}}), environ)
+    assert recorder.sender is not None
+    expected = "knative" if "K_CE_OVERRIDES" in environ else "stdout"
+    assert recorder.sender.sink.name == expected
+    assert words in caplog.text
+    assert recorder.extensions == {}
+
+
+def test_usable_k_ce_overrides_entries_are_kept_and_the_rest_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    overrides = '{"extensions": {"cluster": "eu-1", "outcome": "x", "Team": "a", "unset": null}}'
+    recorder = build_recorder(parse_config({}), {"K_SINK": "http://b/", "K_CE_OVERRIDES": overrides})
+    assert recorder.extensions == {"cluster": "eu-1"}
+    assert "'outcome'" in caplog.text and "'Team'" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,9 @@ def parse_extension_overrides(raw: str | None) -> dict[str, str]:
         raise ValueError("K_CE_OVERRIDES.extensions must be an object")
     overrides: dict[str, str] = {}
     for name, value in extensions.items():
-        if not isinstance(name, str) or not EXTENSION_NAME.match(name):
+        if value is None:
+            continue  # an unset extension, not the string "null"
+        if not isinstance(name, str) or not EXTENSION_NAME.fullmatch(name):
             raise ValueError(f"K_CE_OVERRIDES: {name!r} is not a CloudEvents attribute name")
         if name in _CORE_ATTRIBUTES or name in EVENT_EXTENSIONS:
             raise ValueError(f"K_CE_OVERRIDES may not override the {name!r} attribute")
@@ -160,7 +162,12 @@ def _unescape(token: str) -> str:
 
 def _at_secret_position(path: tuple[str, ...]) -> bool:
     """.../env/<i>/value, or an entry of .../command or .../args."""
-    if len(path) >= 3 and path[-3] == "env" and path[-2].isdigit() and path[-1] == "value":
+    if (
+        len(path) >= 3
+        and path[-3] == "env"
+        and (path[-2].isdigit() or path[-2] == "-")
+        and path[-1] == "value"
+    ):
         return True
     return len(path) >= 2 and path[-2] in ("command", "args") and (path[-1].isdigit() or path[-1] == "-")
 

@@ -10,6 +10,7 @@ event (a few dozen microseconds) and hands it to the sender without blocking. No
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -79,6 +80,27 @@ class AuditRecorder:
         return 0 if self.sender is None else self.sender.close(timeout)
 
 
+def usable_overrides(raw: str | None) -> tuple[dict[str, str], list[str]]:
+    """The K_CE_OVERRIDES extensions that can be applied, and what was wrong with the rest."""
+    try:
+        return parse_extension_overrides(raw), []
+    except ValueError as whole:
+        try:
+            entries = json.loads(raw or "").get("extensions")
+        except (ValueError, AttributeError):
+            return {}, [str(whole)]
+        if not isinstance(entries, dict):
+            return {}, [str(whole)]
+    kept: dict[str, str] = {}
+    problems = []
+    for name, value in entries.items():
+        try:
+            kept.update(parse_extension_overrides(json.dumps({"extensions": {name: value}})))
+        except ValueError as problem:
+            problems.append(str(problem))
+    return kept, problems
+
+
 def choose_sink(config: AuditConfig, environ: Mapping[str, str], writer: StdoutWriter) -> Sink | None:
     """auto: K_SINK (Knative SinkBinding), else DAPR_HTTP_PORT (Dapr sidecar), else stdout."""
     kind = config.sink
@@ -106,16 +128,27 @@ def choose_sink(config: AuditConfig, environ: Mapping[str, str], writer: StdoutW
 
 
 def build_recorder(config: Config, environ: Mapping[str, str]) -> AuditRecorder:
-    """Raises ConfigError when the sink's environment is unusable: start-up stops, naming it."""
+    """The recorder for this configuration and environment.
+
+    The sink's environment (K_SINK, K_CE_OVERRIDES, DAPR_HTTP_PORT) is injected by the platform,
+    not written by the user, and arrives late (a SinkBinding binds after the first Pods start). An
+    unusable one must not turn an audit problem into an admission outage: it is logged as an error
+    and events go to stdout instead (the log pipeline keeps them); unusable K_CE_OVERRIDES entries
+    are dropped the same way. Only the configuration file stops start-up.
+    """
     audit = config.audit
     writer = StdoutWriter()
-    sink = choose_sink(audit, environ, writer)
     try:
+        sink = choose_sink(audit, environ, writer)
+    except ConfigError as error:
+        log.error("audit sink unusable, decision events go to stdout instead: %s", error)
+        sink = StdoutSink(writer)
+    extensions: dict[str, str] = {}
+    if isinstance(sink, KnativeSink):
         # Knative's SinkBinding sets K_CE_OVERRIDES beside K_SINK; it means nothing to other sinks.
-        knative = isinstance(sink, KnativeSink)
-        extensions = parse_extension_overrides(environ.get("K_CE_OVERRIDES")) if knative else {}
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+        extensions, problems = usable_overrides(environ.get("K_CE_OVERRIDES"))
+        for problem in problems:
+            log.error("ignoring part of K_CE_OVERRIDES: %s", problem)
     metrics = AuditMetrics(sink.name if sink else "none")
     sender = None
     if sink is not None:

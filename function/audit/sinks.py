@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import ssl
 import sys
 import threading
@@ -116,7 +115,8 @@ class StdoutWriter:
                 stream.flush()
                 return True
             except (OSError, ValueError) as error:  # closed or broken stdout: the last resort failed
-                log.error("cannot write an audit event to stdout (%s): %s", error, line.strip()[:2000])
+                # The whole line, so the event survives in the stderr log at least.
+                log.error("cannot write an audit event to stdout (%s): %s", error, line.strip())
                 return False
 
     def delivered(self, event: WireEvent) -> bool:
@@ -262,8 +262,3 @@ class DaprSink:
 
     def close(self) -> None:
         self.poster.close()
-
-
-def environment_ca_certs(environ: Mapping[str, str] | None = None) -> str | None:
-    value = (os.environ if environ is None else environ).get("K_CA_CERTS", "").strip()
-    return value or None
