@@ -88,9 +88,10 @@ class GpuSlicingConfig(Strict):
 class VgpuDevice(Strict):
     """One vendor's vGPU resource names (HAMi's device table).
 
-    A container asking for any of these resources makes its Pod a vGPU Pod. Only ``countResource``
-    is required: HAMi's Cambricon, Hygon, Iluvatar and Ascend entries have a count and a memory
-    resource (and mostly a cores resource), no percentage or priority.
+    A container asking for any of these resources but the priority makes its Pod a vGPU Pod (the
+    priority resource only sets ``priorityEnv``, as in HAMi). Only ``countResource`` is required:
+    HAMi's Cambricon, Hygon, Iluvatar and Ascend entries have a count and a memory resource (and
+    mostly a cores resource), no percentage or priority.
     """
 
     vendor: str = Field(min_length=1)
@@ -99,10 +100,13 @@ class VgpuDevice(Strict):
     memoryPercentageResource: ResourceName | None = None
     """A share of the device's memory in percent: a whole number from 0 to 100."""
     coresResource: ResourceName | None = None
+    """A share of the device's compute in percent: a whole number from 0 to 100."""
     priorityResource: ResourceName | None = None
-    """Its value becomes the env ``priorityEnv`` of the container (HAMi's task priority)."""
+    """Its value becomes the env ``priorityEnv`` of the container (HAMi's task priority); alone it
+    does not make a vGPU Pod."""
     visibleDevicesEnv: str | None = None
-    """With ``overwriteEnv``, a container with none of this device's resources gets ``<env>=none``."""
+    """With ``overwriteEnv``, a container with none of this device's resources (the priority aside)
+    gets ``<env>=none``."""
 
     @field_validator(
         "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
@@ -156,8 +160,9 @@ class VgpuConfig(Strict):
     schedulerName: str = "hami-scheduler"
     forceOverwriteDefaultScheduler: bool = True
     """HAMi's flag of the same name (its Helm default is true): a vGPU Pod naming
-    ``default-scheduler`` (what the apiserver fills in) is redirected. False leaves such Pods alone,
-    so only Pods with no schedulerName or the vGPU scheduler's own name are handled."""
+    ``default-scheduler`` is redirected. No schedulerName counts as ``default-scheduler`` (the
+    apiserver fills it in before any webhook sees the Pod; ``castslice mutate`` treats it the same).
+    False leaves such Pods alone, so only Pods naming the vGPU scheduler itself are handled."""
     forceSchedulerName: bool = False
     """True also redirects a vGPU Pod that names another scheduler (HAMi never does: it leaves the
     Pod alone). The default-scheduler case is ``forceOverwriteDefaultScheduler``."""
@@ -260,6 +265,37 @@ class Config(Strict):
     gpuSlicing: GpuSlicingConfig = Field(default_factory=GpuSlicingConfig)
     vgpu: VgpuConfig = Field(default_factory=VgpuConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+
+    @model_validator(mode="after")
+    def _slicing_beside_vgpu(self) -> Config:
+        """With both mutators on, GPU slicing must not read or write a vGPU resource other than a
+        count: slicing into one would make an opted-in Pod a vGPU Pod on reinvocation (mutated on
+        the first call, denied on the second). The count may be slicing's source (nvidia.com/gpu)."""
+        slicing, vgpu = self.gpuSlicing, self.vgpu
+        if not (vgpu.enabled and slicing.enabled):
+            return self
+        keys = (
+            "countResource",
+            "memoryResource",
+            "memoryPercentageResource",
+            "coresResource",
+            "priorityResource",
+        )
+        for index, device in enumerate(vgpu.devices):
+            for key in keys:
+                name = getattr(device, key)
+                if name is None:
+                    continue
+                for own_key in ("sourceResource", "targetResource"):
+                    if key == "countResource" and own_key == "sourceResource":
+                        continue
+                    if getattr(slicing, own_key) == name:
+                        raise ValueError(
+                            f"gpuSlicing.{own_key} {name!r} is also vgpu.devices[{index}].{key} "
+                            f"({device.vendor}); GPU slicing must not use a vGPU resource "
+                            "(only a device's countResource may be gpuSlicing.sourceResource)"
+                        )
+        return self
 
     def digest(self) -> str:
         """A short, stable identity of the effective configuration (it goes into every decision)."""

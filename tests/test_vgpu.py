@@ -135,6 +135,10 @@ def test_the_scheduler_name_is_configurable() -> None:
         ("", True, False, True),
         ("default-scheduler", True, False, True),
         ("default-scheduler", False, False, False),
+        # Unset means default-scheduler (the apiserver's default), also for castslice mutate.
+        (None, False, False, False),
+        ("", False, False, False),
+        (None, False, True, False),
         ("hami-scheduler", False, False, None),  # handled, already there
         ("volcano", True, False, False),
         ("volcano", True, True, True),
@@ -156,6 +160,17 @@ def test_scheduler_names_follow_hamis_rules(
         assert result.reason.endswith("already for hami-scheduler")
     else:
         assert result.action is Action.unchanged and "left alone" in result.reason
+
+
+def test_an_unset_scheduler_is_named_in_the_reason_and_set_when_redirecting() -> None:
+    result, _ = run(pod(container(**GPU)), forceOverwriteDefaultScheduler=False)
+    assert result == MutatorResult.unchanged(
+        "Pod names no scheduler (so default-scheduler) and forceOverwriteDefaultScheduler is false:"
+        " left alone"
+    )
+    result, out = run(pod(container(**GPU)))
+    assert out["spec"]["schedulerName"] == "hami-scheduler"
+    assert "schedulerName (unset) -> hami-scheduler" in result.reason
 
 
 def test_a_pod_left_to_another_scheduler_is_not_even_checked() -> None:
@@ -219,8 +234,8 @@ def test_legacy_privileged_containers_are_skipped_with_a_warning() -> None:
     result, out = run(pod(container(privileged=True, **MEM)), denyPrivileged=False)
     assert result.action is Action.unchanged and out["spec"].get("schedulerName") is None
     assert result.warnings == (
-        "castslice: containers/cuda is privileged, so its vGPU resources are ignored;"
-        " the Pod may stay Pending",
+        "castslice: container cuda is privileged, vGPU resources ignored, Pod may stay Pending;"
+        " remove privileged",
     )
     # Another, unprivileged container still makes a vGPU Pod; the privileged one is not touched.
     p = pod(container(privileged=True, **MEM), container("other", **MEM))
@@ -249,7 +264,9 @@ def test_a_vgpu_pod_with_a_node_name_is_denied() -> None:
         ("nvidia.com__gpumem_percentage", "1k", "a whole number from 0 to 100"),
         ("nvidia.com__gpumem", "1500m", "a whole number (0 or more)"),
         ("nvidia.com__gpumem", "1e", "a whole number (0 or more)"),
-        ("nvidia.com__gpucores", True, "a whole number (0 or more)"),
+        ("nvidia.com__gpucores", True, "a whole number from 0 to 100"),
+        ("nvidia.com__gpucores", "101", "a whole number from 0 to 100"),
+        ("nvidia.com__gpucores", "-1", "a whole number from 0 to 100"),
         ("nvidia.com__priority", "0.5", "a whole number (0 or more)"),
         ("nvidia.com__gpu", "-2", "a whole number (0 or more)"),
     ],
@@ -266,21 +283,56 @@ def test_bad_values_are_denied_or_warned_about_naming_container_resource_and_val
     result, out = run(p, on_invalid=WARN)
     assert result.action is Action.unchanged and out == p
     assert result.warnings[0].startswith(f"castslice: {name}=")
+    short = "a whole number 0-100" if "0 to 100" in accepted else "a whole number >= 0"
+    assert result.warnings[0].endswith(f" in container cuda ignored; use {short}")
 
 
-@pytest.mark.parametrize("value", ["0", "100", 100, "3k", "1Ki"])
-def test_good_values(value: Any) -> None:
-    resource = "nvidia.com__gpumem_percentage" if value in ("0", "100", 100) else "nvidia.com__gpumem"
+@pytest.mark.parametrize(
+    ("resource", "value"),
+    [
+        ("nvidia.com__gpumem_percentage", "0"),
+        ("nvidia.com__gpumem_percentage", "100"),
+        ("nvidia.com__gpumem_percentage", 100),
+        ("nvidia.com__gpucores", "0"),
+        ("nvidia.com__gpucores", "100"),
+        ("nvidia.com__gpumem", "3k"),
+        ("nvidia.com__gpumem", "1Ki"),
+    ],
+)
+def test_good_values(resource: str, value: Any) -> None:
     assert run(pod(container(**{resource: value})))[0].action is Action.mutated
 
 
-def test_warnings_stay_under_120_characters_with_long_names() -> None:
-    long_name = "c" * 63
-    p = pod(container(long_name, **{"nvidia.com__gpumem_percentage": "1" * 60}))
+LONG_NAME = "c" * 63
+
+
+@pytest.mark.parametrize(
+    ("resource", "value", "tail"),
+    [
+        ("nvidia.com__gpumem_percentage", "1" * 60, "; use a whole number 0-100"),
+        ("nvidia.com__gpucores", "1" * 60, "; use a whole number 0-100"),
+        ("nvidia.com__gpumem", "x" * 60, "; use a whole number >= 0"),
+    ],
+)
+def test_bad_value_warnings_keep_their_advice_with_long_names(resource: str, value: str, tail: str) -> None:
+    p = pod(container(LONG_NAME, **{resource: value}), init=[container(LONG_NAME)])
+    p["spec"]["initContainers"] = p["spec"].pop("containers")
+    p["spec"]["containers"] = [container("app")]
     result, _ = run(p, on_invalid=WARN)
-    assert len(result.warnings[0]) <= 120
-    result, _ = run(pod(container(long_name, privileged=True, **MEM)), denyPrivileged=False)
-    assert len(result.warnings[0]) <= 120
+    (warning,) = result.warnings
+    assert len(warning) <= 120 and warning.endswith(tail), warning
+    assert f" in container {'c' * 17}... ignored" in warning
+    # The denial has no length limit: it names the whole container and value.
+    result, _ = run(p)
+    assert f"initContainers/{LONG_NAME}: " in result.reason and value in result.reason
+
+
+def test_privileged_warnings_keep_their_advice_with_long_names() -> None:
+    p = pod(container("app"), init=[container(LONG_NAME, privileged=True, **MEM)])
+    result, _ = run(p, denyPrivileged=False)
+    (warning,) = result.warnings
+    assert len(warning) <= 120 and warning.endswith("; remove privileged"), warning
+    assert f"container {'c' * 17}... is privileged" in warning
 
 
 # -- env ---------------------------------------------------------------------------------------
@@ -297,6 +349,32 @@ def test_priority_becomes_the_task_priority_env_once() -> None:
     ]
     assert "env" not in out["spec"]["containers"][1]
     assert "CUDA_TASK_PRIORITY=1 in containers/cuda" in result.reason
+
+
+def test_priority_alone_is_no_vgpu_pod_but_still_sets_the_env() -> None:
+    prio = {"nvidia.com__priority": "1"}
+    # Not redirected, and so neither the privileged nor the nodeName rule applies (as in HAMi).
+    p = pod(container(**prio), container("agent", privileged=True), nodeName="n1")
+    again(p)
+    result, out = run(p)
+    assert result == MutatorResult.mutated("not a vGPU Pod; CUDA_TASK_PRIORITY=1 in containers/cuda")
+    assert "schedulerName" not in out["spec"] and out["spec"]["nodeName"] == "n1"
+    assert env_of(out["spec"]["containers"][0]) == {"CUDA_TASK_PRIORITY": "1"}
+    assert "nvidia.com/gpu" not in out["spec"]["containers"][0]["resources"]["limits"]
+    # Left to another scheduler: not touched at all (the Pod is left alone before anything).
+    assert run(pod(container(**prio), schedulerName="volcano"))[0].action is Action.unchanged
+    # Still checked: a priority that is no whole number is bad input.
+    result, _ = run(pod(container(**{"nvidia.com__priority": "0.5"})))
+    assert result.action is Action.denied and "nvidia.com/priority" in result.reason
+    # With overwriteEnv, a priority alone keeps no device visible (HAMi: only a count does).
+    _, out = run(pod(container(**prio)), overwriteEnv=True)
+    assert env_of(out["spec"]["containers"][0]) == {
+        "CUDA_TASK_PRIORITY": "1",
+        "NVIDIA_VISIBLE_DEVICES": "none",
+    }
+    # A privileged container asking only for a priority is no vGPU container: no legacy warning.
+    result, _ = run(pod(container(privileged=True, **prio)), denyPrivileged=False)
+    assert result == MutatorResult.unchanged("not a vGPU Pod")
 
 
 def test_priority_env_name_is_configurable_and_quantities_are_integers() -> None:
@@ -400,6 +478,59 @@ def test_vgpu_is_off_by_default_and_shown_by_config_show(capsys: pytest.CaptureF
 def test_bad_vgpu_configuration_names_the_key(vgpu: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config({"vgpu": vgpu})
+
+
+@pytest.mark.parametrize(
+    ("slicing", "message"),
+    [
+        (
+            {"targetResource": "nvidia.com/gpumem"},
+            r"gpuSlicing.targetResource 'nvidia.com/gpumem' is also vgpu.devices\[0\].memoryResource",
+        ),
+        (
+            {"sourceResource": "x.io/gpu", "targetResource": "nvidia.com/gpu"},
+            r"gpuSlicing.targetResource 'nvidia.com/gpu' is also vgpu.devices\[0\].countResource",
+        ),
+        (
+            {"targetResource": "nvidia.com/priority"},
+            r"gpuSlicing.targetResource 'nvidia.com/priority' is also vgpu.devices\[0\].priorityResource",
+        ),
+        (
+            {"sourceResource": "nvidia.com/gpucores"},
+            r"gpuSlicing.sourceResource 'nvidia.com/gpucores' is also vgpu.devices\[0\].coresResource",
+        ),
+        (
+            {"sourceResource": "nvidia.com/gpumem-percentage"},
+            r"sourceResource .* is also vgpu.devices\[0\].memoryPercentageResource",
+        ),
+    ],
+)
+def test_slicing_must_not_use_a_vgpu_resource_but_the_count_as_source(
+    slicing: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"vgpu": {"enabled": True}, "gpuSlicing": slicing})
+    # Harmless while either mutator is off.
+    parse_config({"gpuSlicing": slicing})
+    parse_config({"vgpu": {"enabled": True}, "gpuSlicing": {"enabled": False, **slicing}})
+
+
+def test_slicing_into_a_vgpu_resource_no_longer_flips_on_reinvocation() -> None:
+    """The reproduction: targetResource nvidia.com/gpumem made an opted-in Pod mutate on the first
+    call and be denied on the second. Such a configuration is refused; the count as source is fine."""
+    with pytest.raises(ConfigError, match=r"gpuSlicing\.targetResource"):
+        parse_config({"vgpu": {"enabled": True}, "gpuSlicing": {"targetResource": "nvidia.com/gpumem"}})
+    config = parse_config(
+        {
+            "vgpu": {"enabled": True, "devices": [{"vendor": "x", "countResource": "x.io/gpu"}]},
+            "gpuSlicing": {"sourceResource": "x.io/gpu", "targetResource": "x.io/gpu-shared"},
+        }
+    )
+    engine = Engine(config)
+    first = engine.decide(opted_in(container(**{"x.io__gpu": "1"})), REQUEST)
+    assert first.outcome == "mutated" and first.mutated_pod is not None
+    second = engine.decide(first.mutated_pod, REQUEST)
+    assert second.outcome == "unchanged", second
 
 
 def test_other_vendors_need_only_a_count() -> None:

@@ -5,20 +5,23 @@ Semantics of HAMi's current webhook (``pkg/scheduler/webhook.go``, ``pkg/device/
 - a Pod with no containers is denied, before anything else is looked at;
 - a Pod naming another scheduler is left alone entirely; ``default-scheduler`` counts as another
   scheduler only when ``forceOverwriteDefaultScheduler`` is off (``forceSchedulerName`` goes further
-  than HAMi and takes every Pod);
-- in every init and app container, a device resource (count, memory, memory percentage, cores,
-  priority) makes the Pod a vGPU Pod; memory, percentage or cores without a count get
-  ``defaultCount``; the priority resource becomes the env ``CUDA_TASK_PRIORITY``; with
-  ``overwriteEnv`` a container with none of a device's resources gets ``NVIDIA_VISIBLE_DEVICES=none``;
+  than HAMi and takes every Pod). No schedulerName means ``default-scheduler``: the apiserver fills it
+  in before any webhook runs, and ``castslice mutate`` (undefaulted templates) must agree with it;
+- in every init and app container, a device resource (count, memory, memory percentage, cores)
+  makes the Pod a vGPU Pod; memory, percentage or cores without a count get ``defaultCount``; the
+  priority resource only becomes the env ``CUDA_TASK_PRIORITY`` (as in HAMi, it alone is no vGPU
+  Pod); with ``overwriteEnv`` a container with none of a device's resources (the priority aside) gets
+  ``NVIDIA_VISIBLE_DEVICES=none``;
 - a vGPU Pod with a privileged container is denied, naming the container (``denyPrivileged: false``
   restores HAMi's old behaviour: privileged containers are skipped, with a warning here);
 - a vGPU Pod with ``spec.nodeName`` is denied; otherwise its schedulerName becomes the vGPU scheduler.
 
-Where CastSlice differs from HAMi, deliberately: values are checked (whole numbers, a percentage
-from 0 to 100) under the ``invalidAnnotations`` policy instead of reaching the scheduler; the
-default count goes into requests and limits alike (the apiserver wants them equal); nothing is
-appended twice (HAMi appends env vars blindly, its webhook is never reinvoked; ours can be); any
-vGPU resource makes a vGPU Pod even with ``defaultCount: 0``; HAMi's namespace quota check and
+Where CastSlice differs from HAMi, deliberately: values are checked (whole numbers; the memory
+percentage and the cores from 0 to 100, where HAMi clamps cores over 100) under the
+``invalidAnnotations`` policy instead of reaching the scheduler; the default count goes into
+requests and limits alike (the apiserver wants them equal); nothing is appended twice (HAMi appends
+env vars blindly, its webhook is never reinvoked; ours can be); memory, percentage or cores make a
+vGPU Pod even with ``defaultCount: 0``; HAMi's namespace quota check and
 runtimeClassName/core-policy injection need cluster state or belong to its device plugin: not here.
 """
 
@@ -29,19 +32,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from function.config import OnInvalidAnnotation, VgpuConfig, VgpuDevice
-from function.mutators.base import MutatorResult, Pod, RequestInfo, labels_of, shown
+from function.mutators.base import MutatorResult, Pod, RequestInfo, fit_warning, labels_of, shown
 from function.quantity import QuantityError, parse_quantity
 
 DEFAULT_SCHEDULER = "default-scheduler"
 VGPU_CONTAINER_LISTS = ("initContainers", "containers")
 """HAMi looks at init and app containers; ephemeral containers cannot ask for resources."""
+NAME_LIMIT = 20
+"""Container names in warnings are cut to this length, so the advice fits in 120 characters."""
+VALUE_LIMIT = 10
+"""Likewise for a value quoted in a warning (the denial quotes more)."""
+
+
+def _where(kind: str, container: dict[str, Any]) -> str:
+    return f"{kind}/{container.get('name', '?')}"
+
+
+def _short_name(container: dict[str, Any]) -> str:
+    """The container's name cut to NAME_LIMIT, for warnings (names are unique across init and app
+    containers, so the kind is left out there)."""
+    name = str(container.get("name", "?"))
+    return name if len(name) <= NAME_LIMIT else name[: NAME_LIMIT - 3] + "..."
 
 
 class BadValue(Exception):
     """A vGPU resource value CastSlice cannot hand to the vGPU scheduler."""
 
-    def __init__(self, where: str, resource: str, value: object, accepted: str, accepted_short: str) -> None:
+    def __init__(
+        self, where: str, name: str, resource: str, value: object, accepted: str, accepted_short: str
+    ) -> None:
         self.where = where
+        self.name = name
         self.resource = resource
         self.value = value
         self.accepted = accepted
@@ -55,11 +76,11 @@ class BadValue(Exception):
 
     @property
     def warning(self) -> str:
-        # Warnings reach kubectl and are capped at 120 characters by the apiserver.
-        return (
-            f"castslice: {self.resource}={shown(self.value)} in {self.where} ignored, "
-            f"Pod not redirected; use {self.accepted_short}"
-        )[:120]
+        # Warnings reach kubectl and are capped at 120 characters by the apiserver: the advice is kept.
+        return fit_warning(
+            f"castslice: {self.resource}={shown(self.value, VALUE_LIMIT)} in container {self.name} ignored; ",
+            f"use {self.accepted_short}",
+        )
 
 
 @dataclass
@@ -69,12 +90,15 @@ class _Plan:
     kind: str
     container: dict[str, Any]
     asks: list[str] = field(default_factory=list)
+    """Every device resource the container asks for, priority included (for the reason)."""
+    vgpu: bool = False
+    """Whether one of them makes a vGPU Pod: any but the priority resource."""
     add_counts: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
-        return f"{self.kind}/{self.container.get('name', '?')}"
+        return _where(self.kind, self.container)
 
 
 def _sections(container: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -131,7 +155,8 @@ class Vgpu:
         for device in self.devices:
             if device.visibleDevicesEnv is None:
                 continue
-            owned = set(device.resources)
+            # The priority alone gives no device (HAMi: only a count keeps the devices visible).
+            owned = {name for name in device.resources if name != device.priorityResource}
             if device.countResource in renamed:
                 owned.add(renamed[device.countResource])
             previous = self._visible_env.get(device.visibleDevicesEnv, frozenset())
@@ -149,6 +174,7 @@ class Vgpu:
                 "castslice: Pod has no containers; spec.containers needs at least one"
             )
 
+        # Unset means default-scheduler (the apiserver's default): the same rules for both.
         scheduler = spec.get("schedulerName") or ""
         left_alone = self._other_scheduler(scheduler)
         if left_alone:
@@ -162,11 +188,13 @@ class Vgpu:
             return MutatorResult.unchanged(bad.message, bad.warning)
 
         warnings = tuple(
-            f"castslice: {where} is privileged, so its vGPU resources are ignored; the Pod may stay Pending"
-            for where in skipped
+            fit_warning(
+                f"castslice: container {name} is privileged, vGPU resources ignored, Pod may stay Pending; ",
+                "remove privileged",
+            )
+            for _, name in skipped
         )
-        warnings = tuple(warning[:120] for warning in warnings)
-        vgpu_pod = any(plan.asks for plan in plans)
+        vgpu_pod = any(plan.vgpu for plan in plans)
         if vgpu_pod and privileged and config.denyPrivileged:
             return MutatorResult.denied(
                 f"castslice: vGPU Pod denied: container {privileged} is privileged and would see every GPU"
@@ -183,7 +211,7 @@ class Vgpu:
         if vgpu_pod and scheduler != config.schedulerName:
             spec["schedulerName"] = config.schedulerName
             done.insert(0, f"schedulerName {scheduler or '(unset)'} -> {config.schedulerName}")
-        notes = [f"privileged {where} skipped (denyPrivileged: false)" for where in skipped]
+        notes = [f"privileged {where} skipped (denyPrivileged: false)" for where, _ in skipped]
         asks = ", ".join(f"{plan.where} ({', '.join(plan.asks)})" for plan in plans if plan.asks)
         subject = f"vGPU Pod: {asks}" if vgpu_pod else "not a vGPU Pod"
         if done:
@@ -193,25 +221,28 @@ class Vgpu:
         return MutatorResult.unchanged("; ".join([subject, *notes]), *warnings)
 
     def _other_scheduler(self, scheduler: str) -> str:
-        """Why a Pod naming ``scheduler`` is left alone, or "" when the vGPU mutator handles it."""
+        """Why a Pod naming ``scheduler`` ("" when unset, which means default-scheduler) is left
+        alone, or "" when the vGPU mutator handles it."""
         config = self.config
-        if scheduler in ("", config.schedulerName):
+        if scheduler == config.schedulerName:
             return ""
-        if scheduler == DEFAULT_SCHEDULER:
+        if scheduler in ("", DEFAULT_SCHEDULER):
             if config.forceOverwriteDefaultScheduler:
                 return ""
-            return f"Pod names {DEFAULT_SCHEDULER} and forceOverwriteDefaultScheduler is false: left alone"
+            named = DEFAULT_SCHEDULER if scheduler else f"no scheduler (so {DEFAULT_SCHEDULER})"
+            return f"Pod names {named} and forceOverwriteDefaultScheduler is false: left alone"
         if config.forceSchedulerName:
             return ""
         return f"Pod names scheduler {shown(scheduler, 64)}: left alone"
 
     # -- planning: every check before any change -----------------------------------------------
-    def _plan(self, spec: dict[str, Any]) -> tuple[list[_Plan], str, list[str]]:
+    def _plan(self, spec: dict[str, Any]) -> tuple[list[_Plan], str, list[tuple[str, str]]]:
         """Per-container plans, the first privileged container's name ("" if none), and the
-        privileged containers skipped under ``denyPrivileged: false`` that asked for vGPU."""
+        privileged containers skipped under ``denyPrivileged: false`` that asked for vGPU (where,
+        short name)."""
         plans: list[_Plan] = []
         privileged = ""
-        skipped: list[str] = []
+        skipped: list[tuple[str, str]] = []
         for kind in VGPU_CONTAINER_LISTS:
             listed = spec.get(kind)
             if not isinstance(listed, list):
@@ -225,15 +256,21 @@ class Vgpu:
                     if not self.config.denyPrivileged:
                         # HAMi before the fix: a privileged container is not looked at at all.
                         if self._device_resources(container):
-                            skipped.append(plan.where)
+                            skipped.append((plan.where, _short_name(container)))
                         continue
                 self._plan_container(plan)
                 plans.append(plan)
         return plans, privileged, skipped
 
     def _device_resources(self, container: dict[str, Any]) -> list[str]:
+        """The resources making a vGPU Pod that the container asks for (priority is not one)."""
         asked = _asked(container)
-        return [name for device in self.devices for name in device.resources if name in asked]
+        return [
+            name
+            for device in self.devices
+            for name in device.resources
+            if name in asked and name != device.priorityResource
+        ]
 
     def _plan_container(self, plan: _Plan) -> None:
         container = plan.container
@@ -242,8 +279,9 @@ class Vgpu:
             mine = [name for name in device.resources if name in asked]
             if not mine:
                 continue
-            values = {name: self._check(plan.where, device, name, container) for name in mine}
+            values = {name: self._check(plan, device, name) for name in mine}
             plan.asks.extend(mine)
+            plan.vgpu = plan.vgpu or any(name != device.priorityResource for name in mine)
             if (
                 device.countResource not in asked
                 and self.config.defaultCount > 0
@@ -258,23 +296,25 @@ class Vgpu:
                 if not owned & asked:
                     plan.env.setdefault(env_name, "none")
 
-    def _check(self, where: str, device: VgpuDevice, name: str, container: dict[str, Any]) -> int:
+    def _check(self, plan: _Plan, device: VgpuDevice, name: str) -> int:
         """The resource's value as an integer (limits first): BadValue unless every value given is a
-        whole number, from 0 to 100 for a percentage."""
-        percentage = name == device.memoryPercentageResource
+        whole number, from 0 to 100 for the memory percentage and the cores (a share of the device's
+        compute in percent; HAMi clamps larger values, we refuse them)."""
+        percentage = name in (device.memoryPercentageResource, device.coresResource)
         accepted = "a whole number from 0 to 100" if percentage else "a whole number (0 or more)"
-        short = "0-100" if percentage else "a whole number"
+        short = "a whole number 0-100" if percentage else "a whole number >= 0"
         result: int | None = None
-        for _, section in _sections(container):
+        for _, section in _sections(plan.container):
             if name not in section:
                 continue
             raw = section[name]
+            bad = BadValue(plan.where, _short_name(plan.container), name, raw, accepted, short)
             try:
                 value = parse_quantity(raw)
             except QuantityError:
-                raise BadValue(where, name, raw, accepted, short) from None
+                raise bad from None
             if value.denominator != 1 or value < 0 or (percentage and value > 100):
-                raise BadValue(where, name, raw, accepted, short)
+                raise bad
             if result is None:
                 result = int(value)
         assert result is not None  # only called for resources the container asks for
