@@ -55,7 +55,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         options.update(certfile=args.tls_cert, keyfile=args.tls_key)
         # cert-manager renews the files in place: reload workers when they change (see function/tls.py).
-        interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
+        try:
+            interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
+        except ValueError:
+            print("castslice serve: CASTSLICE_TLS_RELOAD_SECONDS must be seconds", file=sys.stderr)
+            return 2
         CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
     create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
     return 0
