@@ -22,10 +22,10 @@ from function.contract import CONFIG_ENV, DEFAULT_EVENT_SOURCE, DEFAULT_EXCLUDED
 # A Kubernetes extended resource name: a DNS-subdomain prefix, a slash, and a name segment.
 _RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z"
 )
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_SCHEDULER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
+_SCHEDULER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\Z")
 
 
 def _check_resource_name(value: str) -> str:
@@ -207,10 +207,12 @@ class VgpuConfig(Strict):
 
     def resources_needing_count(self, count_resource: str) -> tuple[str, ...]:
         """The other resources of the device counted by ``count_resource`` (memory, cores, ...):
-        they mean nothing to anything but the vGPU scheduler."""
+        they mean nothing to anything but the vGPU scheduler. Not the priority: it only becomes
+        an env var, which a sliced Pod can carry as well."""
         for device in self.devices:
             if device.countResource == count_resource:
-                return tuple(name for name in device.resources if name != count_resource)
+                skip = {count_resource, device.priorityResource}
+                return tuple(name for name in device.resources if name not in skip)
         return ()
 
 

@@ -127,8 +127,8 @@ class GpuSlicing:
             return MutatorResult.unchanged(
                 f"opted in, but {where} asks for HAMi vGPU resource {resource}: not sliced",
                 fit_warning(
-                    f"castslice: Pod not sliced: {where} asks for HAMi vGPU {resource}",
-                    f"; drop {OPTIMIZE} or the vGPU resource",
+                    f"castslice: Pod not sliced, {resource} is a HAMi vGPU resource",
+                    f"; remove {OPTIMIZE} or it",
                 ),
             )
 
