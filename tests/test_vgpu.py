@@ -566,8 +566,7 @@ def test_engine_order_is_slicing_then_vgpu_and_each_knows_the_other_only_when_bo
         "nvidia.com/gpumem",
         "nvidia.com/gpumem-percentage",
         "nvidia.com/gpucores",
-        "nvidia.com/priority",
-    }
+    }, "not the priority: it only becomes an env var, which a sliced Pod can carry"
     alone = build_mutators(parse_config({"gpuSlicing": {"enabled": False}, **BOTH}))
     assert [m.name for m in alone] == ["vgpu"]
     slicing_alone = build_mutators(Config())[0]
@@ -586,23 +585,29 @@ def test_an_opted_in_pod_is_sliced_and_then_no_vgpu_pod() -> None:
     assert decision.mutated_pod is not None and "schedulerName" not in decision.mutated_pod["spec"]
 
 
-@pytest.mark.parametrize("extra", [MEM, {"nvidia.com__priority": "1"}, {"nvidia.com__gpucores": "10"}])
+def test_an_opted_in_pod_with_a_priority_is_sliced_and_keeps_its_priority_env() -> None:
+    p = opted_in(container(**GPU, **{"nvidia.com__priority": "1"}))
+    decision = Engine(parse_config(BOTH)).decide(p, REQUEST)
+    assert decision.outcome == "mutated" and decision.acting_mutators == ("gpu-slicing", "vgpu")
+    assert decision.mutated_pod is not None and "schedulerName" not in decision.mutated_pod["spec"]
+    assert decision.mutated_pod["spec"]["containers"][0]["env"] == [
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"}
+    ]
+
+
+@pytest.mark.parametrize("extra", [MEM, {"nvidia.com__gpucores": "10"}])
 def test_an_opted_in_pod_asking_for_hami_resources_is_bad_input(extra: dict[str, str]) -> None:
     p = opted_in(container(**GPU), container("helper", **extra))
     decision = Engine(parse_config(BOTH)).decide(p, REQUEST)
     assert decision.outcome == "denied" and decision.denial is not None
-    assert (
-        "containers/helper asks for nvidia.com/gp" in decision.denial
-        or "nvidia.com/priority" in decision.denial
-    )
+    assert "containers/helper asks for nvidia.com/gp" in decision.denial
     assert "opts into GPU slicing" in decision.denial
 
     # Under warn: not sliced, left to vGPU, converging in one pass (no NotConverged).
     decision = Engine(parse_config({"invalidAnnotations": "warn", **BOTH})).decide(p, REQUEST)
     assert decision.outcome == "mutated" and decision.acting_mutators == ("vgpu",)
-    assert decision.warnings and decision.warnings[0].startswith(
-        "castslice: Pod not sliced: containers/helper"
-    )
+    assert decision.warnings and decision.warnings[0].startswith("castslice: Pod not sliced, nvidia.com/gp")
+    assert decision.warnings[0].endswith("; remove castops.io/optimize or it")
     assert decision.mutated_pod is not None
     assert decision.mutated_pod["spec"]["schedulerName"] == "hami-scheduler"
     assert "nvidia.com/gpu" in decision.mutated_pod["spec"]["containers"][0]["resources"]["limits"]
