@@ -42,10 +42,3 @@ def parse_quantity(raw: object) -> Fraction:
             raise QuantityError(f"{text!r} has an exponent out of range")
         return value * Fraction(10) ** exponent
     return value
-
-
-def is_whole_number(raw: object) -> bool:
-    try:
-        return parse_quantity(raw).denominator == 1
-    except QuantityError:
-        return False

@@ -11,7 +11,7 @@ from function.config import Config, ConfigError, load_config, parse_config
 from function.engine import Engine, NotConverged
 from function.mutators.base import Action, MutatorResult, RequestInfo
 from function.patch import PatchProofError, diff, escape, prove, same
-from function.quantity import QuantityError, is_whole_number, parse_quantity
+from function.quantity import QuantityError, parse_quantity
 from function.rules import extended_resource_violations, is_extended_resource
 
 
@@ -47,11 +47,6 @@ def test_quantities_parse_like_the_apiserver(text: Any, value: Any) -> None:
 def test_quantities_the_apiserver_rejects(text: Any) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(text)
-
-
-def test_whole_numbers() -> None:
-    assert is_whole_number("3k") and is_whole_number("2") and not is_whole_number("500m")
-    assert not is_whole_number("1.5") and not is_whole_number("nope")
 
 
 # -- apiserver rules ---------------------------------------------------------------------------
