@@ -1,0 +1,312 @@
+"""Applying the winning PodMutation to a Pod (a plain dict, edited in place).
+
+Order (CAST AI's: "all preceding mutations have a priority, and the patch is applied at the end"):
+labels, annotations, nodeSelector, tolerations, affinity, node-template consolidation, spot
+settings, then the JSON patches, which therefore win on conflict. Every declarative step is
+idempotent (a value already there is not added twice). A patch list that fails (a failed
+``test``, a missing path) is dropped whole with a warning: the Pod keeps the rest of the decision.
+
+Finally the Pod is marked ``castops.io/pod-mutation: <name>/<generation>``: a marked Pod is left
+alone, so a second pass (the engine's fixed point, the apiserver's reinvocation) adds nothing,
+even when a patch is not idempotent (``add /spec/tolerations/-``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from function.podmutation.compiled import CompiledMutation, Group
+from function.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
+from function.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
+
+MARK_ANNOTATION = "castops.io/pod-mutation"
+"""``<name>/<generation>`` of the PodMutation applied to this Pod."""
+PLACEMENT_ANNOTATION = "castops.io/pod-mutation-placement"
+"""``spot`` or ``on-demand``: what the spot distribution chose (siblings are counted by it)."""
+GROUP_ANNOTATION = "castops.io/pod-mutation-group"
+"""The distribution group chosen for this Pod (siblings are counted by it)."""
+
+SPOT_KEY = "scheduling.cast.ai/spot"
+SPOT_TOLERATION: dict[str, Any] = {"key": SPOT_KEY, "operator": "Exists"}
+NODE_AFFINITY = "nodeAffinity"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+Placement = Literal["spot", "on-demand"]
+
+
+def marked_by(pod: Mapping[str, Any]) -> str | None:
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(MARK_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """What the other Pods of the same controller chose (from the cluster view); empty offline."""
+
+    placements: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return len(self.placements)
+
+
+def spot_share(percentage: int, siblings: Siblings) -> Placement:
+    """Spot while the spot Pods stay within floor(T x P / 100) of T (siblings + this Pod), so the
+    on-demand minimum is kept first: a single Pod below 100 % is on-demand (CAST AI's rule)."""
+    total = siblings.total + 1
+    spot_now = sum(1 for p in siblings.placements if p == "spot")
+    return "spot" if spot_now < math.floor(total * percentage / 100) else "on-demand"
+
+
+def choose_group(groups: Sequence[Group], siblings: Siblings) -> Group | None:
+    """The group furthest below its share among T = siblings + this Pod; the remainder (100 % minus
+    the groups' sum) is the "no group" share. Ties go to the earlier group."""
+    total = siblings.total + 1
+    best: Group | None = None
+    best_deficit = -math.inf
+    for group in groups:
+        deficit = total * group.percentage / 100 - sum(1 for g in siblings.groups if g == group.name)
+        if group.percentage and deficit > best_deficit:
+            best, best_deficit = group, deficit
+    rest = 100 - sum(g.percentage for g in groups)
+    if rest:
+        known = {g.name for g in groups}
+        rest_deficit = total * rest / 100 - sum(1 for g in siblings.groups if g not in known)
+        if rest_deficit > best_deficit:
+            return None
+    return best
+
+
+@dataclass
+class Applied:
+    changes: list[str] = field(default_factory=list)  # what changed, in order, for the decision
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # skipped extended paths and such (not warnings)
+    placement: Placement | None = None
+    group: str | None = None
+
+
+def _map(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        value = parent[key] = {}
+    return value
+
+
+def _list(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.get(key)
+    if not isinstance(value, list):
+        value = parent[key] = []
+    return value
+
+
+def _same_toleration(a: Any, b: Mapping[str, Any]) -> bool:
+    if not isinstance(a, Mapping):
+        return False
+    fields = ("key", "value", "effect", "tolerationSeconds")
+    return all(
+        (a.get(f) in (None, "") and b.get(f) in (None, "")) or a.get(f) == b.get(f) for f in fields
+    ) and ((a.get("operator") or "Equal") == (b.get("operator") or "Equal"))
+
+
+def add_toleration(spec: dict[str, Any], toleration: Mapping[str, Any]) -> bool:
+    tolerations = _list(spec, "tolerations")
+    if any(_same_toleration(t, toleration) for t in tolerations):
+        return False
+    tolerations.append(dict(toleration))
+    return True
+
+
+def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) -> bool:
+    """AND an OR of node selector terms into the Pod's required node affinity: every existing term
+    gets each new term's expressions (the cross product), since appending a term would widen
+    placement instead of narrowing it. Expressions already present are not repeated."""
+    affinity = _map(_map(spec, "affinity"), NODE_AFFINITY)
+    required = affinity.get(REQUIRED)
+    existing = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(existing, list) or not existing:
+        new_terms = [_term_copy(t) for t in terms]
+    else:
+        new_terms = []
+        for old in existing:
+            for term in terms:
+                merged = _term_copy(old) if isinstance(old, Mapping) else {}
+                for part in ("matchExpressions", "matchFields"):
+                    for expression in term.get(part, []):
+                        items = merged.setdefault(part, [])
+                        if expression not in items:
+                            items.append(dict(expression))
+                new_terms.append(merged)
+    before = existing if isinstance(existing, list) else None
+    if before == new_terms:
+        return False
+    if not isinstance(required, dict):
+        required = affinity[REQUIRED] = {}
+    required["nodeSelectorTerms"] = new_terms
+    return True
+
+
+def _term_copy(term: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: [dict(e) for e in v] if isinstance(v, list) else v for k, v in term.items()}
+
+
+def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) -> bool:
+    items = _list(_map(_map(spec, "affinity"), NODE_AFFINITY), PREFERRED)
+    changed = False
+    for term in preferred:
+        if term not in items:
+            items.append(_term_copy(term))
+            changed = True
+    return changed
+
+
+def _apply_spot(pod: dict[str, Any], mode: SpotMode, done: Applied) -> None:
+    spec = _map(pod, "spec")
+    if add_toleration(spec, SPOT_TOLERATION):
+        done.changes.append("spot toleration")
+    if mode == "only-spot":
+        selector = _map(spec, "nodeSelector")
+        if selector.get(SPOT_KEY) != "true":
+            selector[SPOT_KEY] = "true"
+            done.changes.append("spot nodeSelector")
+    elif mode == "preferred-spot" and add_preferred(
+        spec, [{"weight": 1, "preference": {"matchExpressions": [{"key": SPOT_KEY, "operator": "Exists"}]}}]
+    ):
+        done.changes.append("preferred spot affinity")
+
+
+def _run_sequences(
+    pod: dict[str, Any], sequences: Sequence[Sequence[CompiledOperation]], what: str, done: Applied
+) -> dict[str, Any]:
+    for i, sequence in enumerate(sequences):
+        outcome = apply_sequence(pod, sequence)
+        label = what if len(sequences) == 1 else f"{what} #{i + 1}"
+        done.notes.extend(f"{label} {note}" for note in outcome.skipped)
+        if outcome.document is None:
+            done.warnings.append(f"{label} not applied: {outcome.error}")
+            continue
+        if not isinstance(outcome.document, dict):
+            done.warnings.append(f"{label} not applied: the result is not an object")
+            continue
+        if outcome.applied:
+            pod = outcome.document
+            done.changes.append(f"{label} ({len(outcome.applied)} ops)")
+    return pod
+
+
+def apply_mutation(
+    pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings()
+) -> tuple[dict[str, Any], Applied]:
+    """The mutated Pod (``pod`` itself, edited, unless a patch replaced it) and what was done."""
+    spec_in = mutation.spec
+    done = Applied()
+    metadata = _map(pod, "metadata")
+    spec = _map(pod, "spec")
+
+    if spec_in.labels:
+        labels = _map(metadata, "labels")
+        changed = [k for k, v in spec_in.labels.items() if labels.get(k) != v]
+        labels.update(spec_in.labels)
+        if changed:
+            done.changes.append("labels " + ",".join(changed))
+    if spec_in.annotations:
+        annotations = _map(metadata, "annotations")
+        changed = [k for k, v in spec_in.annotations.items() if annotations.get(k) != v]
+        annotations.update(spec_in.annotations)
+        if changed:
+            done.changes.append("annotations " + ",".join(changed))
+    if spec_in.nodeSelector is not None:
+        selector = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), dict) else {}
+        assert isinstance(selector, dict)
+        before = dict(selector)
+        selector.update(spec_in.nodeSelector.add)
+        for key in spec_in.nodeSelector.remove:
+            selector.pop(key, None)
+        if selector != before:
+            done.changes.append("nodeSelector")
+        if selector:
+            spec["nodeSelector"] = selector
+        else:
+            spec.pop("nodeSelector", None)
+    added = sum(add_toleration(spec, t.as_pod_field()) for t in spec_in.tolerations)
+    if added:
+        done.changes.append(f"tolerations +{added}")
+    if spec_in.affinity is not None:
+        node = spec_in.affinity.nodeAffinity
+        if node.requiredDuringSchedulingIgnoredDuringExecution is not None:
+            terms = [
+                t.model_dump(exclude_defaults=True)
+                for t in node.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms
+            ]
+            if and_into_required(spec, terms):
+                done.changes.append("required node affinity")
+        preferred = [
+            p.model_dump(exclude_defaults=True) for p in node.preferredDuringSchedulingIgnoredDuringExecution
+        ]
+        if preferred and add_preferred(spec, preferred):
+            done.changes.append("preferred node affinity")
+    templates = spec_in.nodeTemplatesToConsolidate
+    if templates:
+        selector = spec.get("nodeSelector")
+        if isinstance(selector, dict) and NODE_TEMPLATE_KEY in selector:
+            del selector[NODE_TEMPLATE_KEY]  # consolidation turns this selector into the affinity below
+            if not selector:
+                del spec["nodeSelector"]
+            done.changes.append("node-template nodeSelector -> affinity")
+        term = {"matchExpressions": [{"key": NODE_TEMPLATE_KEY, "operator": "In", "values": list(templates)}]}
+        if and_into_required(spec, [term]):
+            done.changes.append("node templates " + ",".join(templates))
+        for template in templates:
+            toleration = {
+                "key": NODE_TEMPLATE_KEY,
+                "operator": "Equal",
+                "value": template,
+                "effect": "NoSchedule",
+            }
+            if add_toleration(spec, toleration):
+                done.changes.append(f"toleration {template}")
+
+    group = choose_group(mutation.groups, siblings) if mutation.groups else None
+    mode: SpotMode | None = None
+    if group is not None:
+        done.group = group.name
+        mode = group.spot_mode
+        if mode is not None:
+            done.placement = "spot"
+    elif mutation.spec.spotConfig is not None:
+        done.placement = spot_share(mutation.spec.spotConfig.distributionPercentage, siblings)
+        mode = mutation.spec.spotConfig.mode if done.placement == "spot" else None
+    elif mutation.groups:
+        done.group = ""
+        if any(g.spot_mode for g in mutation.groups):
+            done.placement = "on-demand"
+    if mode is not None:
+        _apply_spot(pod, mode, done)
+    if done.placement == "on-demand":
+        done.changes.append("on-demand share (no spot settings)")
+
+    # Our bookkeeping goes in before the patches (so /metadata/annotations exists for a patch that
+    # adds one annotation, as the seed's Terraform example does) and again after them (so a patch
+    # that removed the annotations cannot undo it).
+    _mark(pod, mutation, done)
+    pod = _run_sequences(pod, mutation.sequences, "patches", done)
+    if group is not None and group.sequences:
+        pod = _run_sequences(pod, group.sequences, f"group {group.name} patches", done)
+    _mark(pod, mutation, done)
+    return pod, done
+
+
+def _mark(pod: dict[str, Any], mutation: CompiledMutation, done: Applied) -> None:
+    annotations = _map(_map(pod, "metadata"), "annotations")
+    annotations[MARK_ANNOTATION] = mutation.ref
+    if done.placement is not None:
+        annotations[PLACEMENT_ANNOTATION] = done.placement
+    if done.group is not None:
+        annotations[GROUP_ANNOTATION] = done.group or "none"
