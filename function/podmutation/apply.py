@@ -16,26 +16,28 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from function.placement import (
+    CASTAI,
+    PLACEMENT_LABEL,
+    Placement,
+    SiblingCounts,
+    apply_spot_mode,
+    partial_split,
+)
 from function.podmutation.compiled import CompiledMutation, Group
 from function.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
 from function.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
 
 MARK_ANNOTATION = "castops.io/pod-mutation"
 """``<name>/<generation>`` of the PodMutation applied to this Pod."""
-PLACEMENT_ANNOTATION = "castops.io/pod-mutation-placement"
-"""``spot`` or ``on-demand``: what the spot distribution chose (siblings are counted by it)."""
 GROUP_ANNOTATION = "castops.io/pod-mutation-group"
 """The distribution group chosen for this Pod (siblings are counted by it)."""
 
-SPOT_KEY = "scheduling.cast.ai/spot"
-SPOT_TOLERATION: dict[str, Any] = {"key": SPOT_KEY, "operator": "Exists"}
 NODE_AFFINITY = "nodeAffinity"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-
-Placement = Literal["spot", "on-demand"]
 
 
 def marked_by(pod: Mapping[str, Any]) -> str | None:
@@ -47,28 +49,17 @@ def marked_by(pod: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class Siblings:
-    """What the other Pods of the same controller chose (from the cluster view); empty offline."""
+    """The other live Pods of the same controller (from the cluster view); empty offline, so every
+    Pod is then counted as the first of its controller."""
 
-    placements: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-
-    @property
-    def total(self) -> int:
-        return len(self.placements)
-
-
-def spot_share(percentage: int, siblings: Siblings) -> Placement:
-    """Spot while the spot Pods stay within floor(T x P / 100) of T (siblings + this Pod), so the
-    on-demand minimum is kept first: a single Pod below 100 % is on-demand (CAST AI's rule)."""
-    total = siblings.total + 1
-    spot_now = sum(1 for p in siblings.placements if p == "spot")
-    return "spot" if spot_now < math.floor(total * percentage / 100) else "on-demand"
+    counts: SiblingCounts = field(default_factory=SiblingCounts)
+    groups: tuple[str, ...] = ()  # the GROUP_ANNOTATION of each sibling that has one
 
 
 def choose_group(groups: Sequence[Group], siblings: Siblings) -> Group | None:
     """The group furthest below its share among T = siblings + this Pod; the remainder (100 % minus
-    the groups' sum) is the "no group" share. Ties go to the earlier group."""
-    total = siblings.total + 1
+    the groups' sum) is the "no group" share. Ties go to the earlier group, then to no group."""
+    total = siblings.counts.total_with_new
     best: Group | None = None
     best_deficit = -math.inf
     for group in groups:
@@ -165,21 +156,6 @@ def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) 
             items.append(_term_copy(term))
             changed = True
     return changed
-
-
-def _apply_spot(pod: dict[str, Any], mode: SpotMode, done: Applied) -> None:
-    spec = _map(pod, "spec")
-    if add_toleration(spec, SPOT_TOLERATION):
-        done.changes.append("spot toleration")
-    if mode == "only-spot":
-        selector = _map(spec, "nodeSelector")
-        if selector.get(SPOT_KEY) != "true":
-            selector[SPOT_KEY] = "true"
-            done.changes.append("spot nodeSelector")
-    elif mode == "preferred-spot" and add_preferred(
-        spec, [{"weight": 1, "preference": {"matchExpressions": [{"key": SPOT_KEY, "operator": "Exists"}]}}]
-    ):
-        done.changes.append("preferred spot affinity")
 
 
 def _run_sequences(
@@ -281,16 +257,17 @@ def apply_mutation(
         if mode is not None:
             done.placement = "spot"
     elif mutation.spec.spotConfig is not None:
-        done.placement = spot_share(mutation.spec.spotConfig.distributionPercentage, siblings)
+        done.placement = partial_split(siblings.counts, mutation.spec.spotConfig.distributionPercentage)
         mode = mutation.spec.spotConfig.mode if done.placement == "spot" else None
     elif mutation.groups:
         done.group = ""
         if any(g.spot_mode for g in mutation.groups):
             done.placement = "on-demand"
-    if mode is not None:
-        _apply_spot(pod, mode, done)
-    if done.placement == "on-demand":
-        done.changes.append("on-demand share (no spot settings)")
+    if done.placement is not None:
+        # The spot placement machinery (function/placement.py), CAST AI's node labels and taint;
+        # the on-demand share drops spot tolerations and selectors so it really runs on-demand.
+        account = apply_spot_mode(pod, mode or "on-demand", CASTAI)
+        done.changes.append(f"{done.placement}" + (f" ({account})" if account else ""))
 
     # Our bookkeeping goes in before the patches (so /metadata/annotations exists for a patch that
     # adds one annotation, as the seed's Terraform example does) and again after them (so a patch
@@ -307,6 +284,7 @@ def _mark(pod: dict[str, Any], mutation: CompiledMutation, done: Applied) -> Non
     annotations = _map(_map(pod, "metadata"), "annotations")
     annotations[MARK_ANNOTATION] = mutation.ref
     if done.placement is not None:
-        annotations[PLACEMENT_ANNOTATION] = done.placement
+        # the label the spot mutator also writes and counts siblings by
+        _map(pod["metadata"], "labels")[PLACEMENT_LABEL] = done.placement
     if done.group is not None:
         annotations[GROUP_ANNOTATION] = done.group or "none"
