@@ -399,12 +399,14 @@ AZURE_PATCH = [
     {"op": "replace", "path": "/spec/tolerations/[key=agentpool]/key", "value": "dedicated"},
     {
         "op": "replace",
-        "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/*/matchExpressions/[key=agentpool]/key",
+        "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+        "/nodeSelectorTerms/*/matchExpressions/[key=agentpool]/key",
         "value": "dedicated",
     },
     {
         "op": "replace",
-        "path": "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/*/preference/matchExpressions/[key=agentpool]/key",
+        "path": "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution"
+        "/*/preference/matchExpressions/[key=agentpool]/key",
         "value": "dedicated",
     },
 ]
