@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import collections
 import json
 from pathlib import Path
 from typing import Any
@@ -188,12 +189,13 @@ def test_build_mutators_splits_by_mode() -> None:
 # -- the request context carries one cluster snapshot ----------------------------------------------------
 def test_request_context_defaults_to_no_cluster_view() -> None:
     assert RequestContext().cluster is EMPTY_VIEW
-    assert not EMPTY_VIEW.available and EMPTY_VIEW.index("pods") == {} and not EMPTY_VIEW.synced("pods")
-    view = StaticView({"pods": {"u1": ("rs-1", "spot")}})
+    assert not EMPTY_VIEW.available and len(EMPTY_VIEW.index("pods")) == 0 and not EMPTY_VIEW.synced("pods")
+    record = collections.namedtuple("record", "uid owner")("u1", "rs-1")  # the view keys records by uid
+    view = StaticView({"pods": {"u1": record}}, specs=())
     assert view.available and view.synced("pods") and not view.synced("replicasets")
-    assert view.index("pods")["u1"] == ("rs-1", "spot")
+    assert view.index("pods")["u1"] == record
     with pytest.raises(TypeError):
-        view.index("pods")["u2"] = ("x", "y")  # type: ignore[index]
+        view.index("pods")["u2"] = record  # type: ignore[index]
 
 
 # -- the typed response ----------------------------------------------------------------------------------
