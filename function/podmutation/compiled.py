@@ -121,6 +121,7 @@ class InvalidMutation:
     group: str
     generation: int
     problems: tuple[str, ...]
+    uid: str = ""
 
     @property
     def ref(self) -> str:
@@ -228,21 +229,23 @@ def compile_object(obj: Mapping[str, Any]) -> CompiledMutation | InvalidMutation
     group = str(obj.get("apiVersion", "")).split("/", 1)[0]
     generation = metadata.get("generation")
     generation = generation if isinstance(generation, int) and not isinstance(generation, bool) else 0
+    # The view keys records by uid; a document read offline has none, its group and name do.
+    uid = str(metadata.get("uid") or f"{group}/{name}")
     if not name:
-        return InvalidMutation("", group, generation, ("metadata.name is required",))
+        return InvalidMutation("", group, generation, ("metadata.name is required",), uid)
     if not is_podmutation(obj):
         return InvalidMutation(
             name, group, generation,
             (f"apiVersion {obj.get('apiVersion')!r} kind {obj.get('kind')!r} is not a PodMutation "
-             f"(accepted: {OUR_GROUP}/{OUR_VERSION}, {CASTAI_GROUP}/{CASTAI_VERSION})",),
+             f"(accepted: {OUR_GROUP}/{OUR_VERSION}, {CASTAI_GROUP}/{CASTAI_VERSION})",), uid,
         )  # fmt: skip
     try:
         spec, warnings = parse_spec(obj.get("spec"), lenient=group == CASTAI_GROUP)
-        return compile_spec(name, spec, tuple(warnings), group, generation, str(metadata.get("uid") or ""))
+        return compile_spec(name, spec, tuple(warnings), group, generation, uid)
     except InvalidSpec as error:
-        return InvalidMutation(name, group, generation, tuple(error.problems))
+        return InvalidMutation(name, group, generation, tuple(error.problems), uid)
     except ValueError as error:  # patch compile errors carry their own field names
-        return InvalidMutation(name, group, generation, (str(error),))
+        return InvalidMutation(name, group, generation, (str(error),), uid)
 
 
 # -- CAST AI's API form (the JSON of its PodMutations API and console) ------------------------------
