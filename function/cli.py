@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from function.cluster import EMPTY_VIEW, ClusterView
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, OUTCOMES
 from function.engine import Engine
@@ -90,17 +91,24 @@ def _report(result: DocumentResult, out: TextIO) -> None:
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
-        engine = Engine(_config_from(args.config))
+        config = _config_from(args.config)
         documents = _read_documents(args.filename)
+        extra = _mutation_documents(args.mutations)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
     except (OSError, yaml.YAMLError) as error:
         print(f"castslice mutate: cannot read {args.filename}: {error}", file=sys.stderr)
         return 2
+    config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr)
+    engine = Engine(config)
 
-    results = [mutate_document(engine, i, doc, args.namespace) for i, doc in enumerate(documents)]
+    results = [mutate_document(engine, i, doc, args.namespace, cluster) for i, doc in enumerate(documents)]
+    from function.podmutation.offline import is_mutation_document
+
     for result in results:
+        if result.decision is None and is_mutation_document(result.document):
+            continue  # reported when loaded
         _report(result, sys.stderr)
 
     if args.output == "patch":
@@ -119,6 +127,106 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         yaml.safe_dump_all([r.document for r in results], sys.stdout, sort_keys=False)
 
     return 1 if any(r.denied for r in results) else 0
+
+
+# -- PodMutations offline ----------------------------------------------------------------------
+def _mutation_documents(directory: str | None) -> list[Any]:
+    from function.podmutation.offline import documents_in
+
+    if not directory:
+        return []
+    return [doc for _, doc in documents_in(Path(directory))]
+
+
+def _with_podmutations(config: Config, documents: list[Any], out: TextIO) -> tuple[Config, ClusterView]:
+    """PodMutation documents among ``documents`` as the cluster view the webhook would have; with
+    any, the podMutations mutator is switched on (naming them is asking for them)."""
+    from function.cluster import StaticView
+    from function.podmutation.offline import load
+
+    loaded = load(documents)
+    if not loaded.records:
+        return config, EMPTY_VIEW
+    for record in loaded.valid:
+        print(f"podmutation/{record.name}: loaded (generation {record.generation})", file=out)
+        for warning in record.warnings:
+            print(f"  warning: {warning}", file=out)
+    for bad in loaded.invalid:
+        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}", file=out)
+    for name in loaded.disabled:
+        print(f"podmutation/{name}: enabled: false, ignored", file=out)
+    section = config.section("podMutations")
+    if not section.enabled:
+        config = config.model_copy(update={"podMutations": section.model_copy(update={"enabled": True})})
+    return config, StaticView({"podmutations": loaded.records}, specs=())
+
+
+def cmd_mutations_validate(args: argparse.Namespace) -> int:
+    from function.podmutation.offline import documents_in, is_mutation_document
+    from function.podmutation.validate import check
+
+    failed = False
+    for name in args.files:
+        try:
+            documents = documents_in(Path(name))
+        except (OSError, yaml.YAMLError) as error:
+            print(f"{name}: cannot read: {error}", file=sys.stderr)
+            failed = True
+            continue
+        for origin, doc in documents:
+            if not is_mutation_document(doc):
+                print(f"{origin}: not a PodMutation, skipped", file=sys.stderr)
+                continue
+            verdict = check(doc)
+            if verdict.valid:
+                print(f"{origin}: podmutation/{verdict.name}: valid")
+            else:
+                failed = True
+                print(f"{origin}: podmutation/{verdict.name}: invalid", file=sys.stderr)
+            for problem in verdict.problems:
+                print(f"  {problem}", file=sys.stderr)
+            for warning in verdict.warnings:
+                print(f"  warning: {warning}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from function.manifests import pod_of
+    from function.podmutation.offline import explain, load
+
+    try:
+        documents = _read_documents(args.filename)
+        extra = _mutation_documents(args.mutations)
+    except (OSError, yaml.YAMLError) as error:
+        print(f"castslice explain: cannot read {args.filename}: {error}", file=sys.stderr)
+        return 2
+    loaded = load([*documents, *extra])
+    for bad in loaded.invalid:
+        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
+    for index, doc in enumerate(documents):
+        found = pod_of(doc, index) if isinstance(doc, dict) else None
+        if found is None:
+            continue
+        metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        namespace = str((metadata or {}).get("namespace") or args.namespace)
+        result = explain(found[0], namespace, loaded.valid)
+        w = result.workload
+        print(f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
+              f"workload {w.kind}/{w.name} in namespace {w.namespace}")
+        if not result.selection.candidates:
+            print("  no PodMutation matches")
+            continue
+        for place, candidate in enumerate(result.selection.candidates, start=1):
+            tied = candidate in result.selection.tied
+            mark = "winner" if place == 1 else "tied, lost by name" if tied else ""
+            print(f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
+                  f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else ""))
+        print(f"  changes: {'; '.join(result.changes) or 'none'}")
+        for op in result.patch:
+            print(f"    {json.dumps(op, sort_keys=True)}")
+        for warning in result.warnings:
+            print(f"  warning: {warning}")
+    return 0
 
 
 # -- castslice config ---------------------------------------------------------------------------
@@ -243,7 +351,23 @@ def parser() -> argparse.ArgumentParser:
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
     mutate.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
     mutate.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    mutate.add_argument("--mutations", metavar="DIR",
+                        help="PodMutation documents (a file or a directory) to apply")
     mutate.set_defaults(run=cmd_mutate)
+
+    mutations = sub.add_parser("mutations", help="check PodMutation documents")
+    mutations_sub = mutations.add_subparsers(dest="mutations_command", required=True)
+    mutations_validate = mutations_sub.add_parser(
+        "validate", help="validate PodMutation files or directories")
+    mutations_validate.add_argument("files", nargs="+", metavar="FILE")
+    mutations_validate.set_defaults(run=cmd_mutations_validate)
+
+    explain = sub.add_parser("explain", help="which PodMutations match a Pod, their rank, the winner")
+    explain.add_argument("-f", "--filename", required=True,
+                         help="YAML with Pods/workloads (and PodMutations), or -")
+    explain.add_argument("--mutations", metavar="DIR", help="PodMutation documents (a file or a directory)")
+    explain.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    explain.set_defaults(run=cmd_explain)
 
     config = sub.add_parser("config", help="check or show the configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -13,6 +13,8 @@ from typing import Final
 MUTATE_PATHS: Final = ("/mutate", "/")
 """The apiserver posts AdmissionReviews here (the webhook uses /mutate; / is an alias)."""
 WEBHOOK_PATH: Final = "/mutate"
+VALIDATE_PODMUTATIONS_PATH: Final = "/validate/podmutations"
+"""The validating webhook for PodMutation objects (knative/components/pod-mutations)."""
 HEALTHZ_PATH: Final = "/healthz"
 READYZ_PATH: Final = "/readyz"
 METRICS_PATH: Final = "/metrics"

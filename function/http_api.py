@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from function.admission import Admission
-from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES, METRICS_PATH, MUTATE_PATHS, READYZ_PATH
+from function.contract import (
+    HEALTHZ_PATH,
+    MAX_BODY_BYTES,
+    METRICS_PATH,
+    MUTATE_PATHS,
+    READYZ_PATH,
+    VALIDATE_PODMUTATIONS_PATH,
+)
 from function.wire import BadReview, parse_review
 
 log = logging.getLogger("castslice.http")
@@ -67,6 +74,10 @@ class WebhookHttp:
             if body is None:
                 return TOO_LARGE
             return self.mutate(body)
+        if path == VALIDATE_PODMUTATIONS_PATH:
+            if method != "POST":
+                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
+            return TOO_LARGE if body is None else self.validate_podmutation(body)
         if path in (HEALTHZ_PATH, READYZ_PATH, METRICS_PATH):
             if method not in ("GET", "HEAD"):
                 return problem(405, f"{method} not allowed on {path}: use GET", {"Allow": "GET, HEAD"})
@@ -88,3 +99,13 @@ class WebhookHttp:
             return problem(400, str(bad))
         answer = self.admission.review(review)
         return json_reply(200, answer.review(review.apiVersion))
+
+    def validate_podmutation(self, body: bytes) -> HttpReply:
+        from function.podmutation.validate import review_podmutation
+
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad PodMutation validation request: %s", bad)
+            return problem(400, str(bad))
+        return json_reply(200, review_podmutation(review).review(review.apiVersion))

@@ -170,11 +170,12 @@ class PodMutations:
             pod.clear()
             pod.update(result)
         label = f"podmutation {mutation.name} (generation {mutation.generation})"
-        warnings = [_short(f"{label}: {w}") for w in done.warnings]
+        # The warning (120 characters at most) says what failed; the decision's reason has it whole.
+        warnings = [_short(f"podmutation {mutation.ref}: {w}") for w in done.warnings]
         if selection.tied:
             others = ", ".join(c.mutation.name for c in selection.tied)
             warnings.append(_short(f"{label} chosen by name over equally specific {others}"))
-        changes = "; ".join(done.changes) or "marked only"
+        changes = "; ".join(done.changes + done.warnings) or "no change but the mark"
         reason = f"{label} for {describe_workload(workload)}: {changes}"
         if done.notes:
             reason += f" ({len(done.notes)} extended path(s) selected nothing)"
