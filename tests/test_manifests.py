@@ -48,6 +48,11 @@ KNATIVE_ROUTE = KNATIVE_DIR / "overlays" / "knative-route"
 DEPLOYMENT = KNATIVE_DIR / "overlays" / "deployment"
 OVERLAYS = (KNATIVE_ROUTE, DEPLOYMENT)
 ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS)
+# Self-contained kustomize Components (PodMutation policies; CAST AI objects' RBAC).
+COMPONENTS = (
+    KNATIVE_DIR / "components" / "pod-mutations",
+    KNATIVE_DIR / "components" / "pod-mutations-castai",
+)
 
 WEBHOOK_NAME = "castslice"  # the MutatingWebhookConfiguration, Knative Service and Deployment
 AUDIT_NAME = "castslice-audit"
@@ -62,6 +67,8 @@ KNATIVE_RESERVED_ENV = {"PORT", "K_SERVICE", "K_CONFIGURATION", "K_REVISION"}
 CLUSTER_SCOPED = {
     "Namespace",
     "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "CustomResourceDefinition",
     "ClusterDomainClaim",
     "ClusterRole",
     "ClusterRoleBinding",
@@ -126,7 +133,7 @@ def procfile_web() -> str:
 
 
 def test_layout_is_a_base_and_two_overlays():
-    assert kustomization_dirs() == sorted(ALL_KUSTOMIZATIONS)
+    assert kustomization_dirs() == sorted((*ALL_KUSTOMIZATIONS, *COMPONENTS))
 
 
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=ids(kustomization_dirs()))
@@ -424,9 +431,15 @@ def test_least_privilege_rbac(rendered):
                 for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
                     assert "*" not in rule.get(field, []), f"{obj['kind']} {obj['metadata']['name']}"
                     assert not any("*" in value for value in rule.get(field, []))
-        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
-            for subject in obj.get("subjects", []):
-                assert subject.get("name") not in accounts, "CastSlice calls no Kubernetes API"
+    # The webhook only reads cluster state (the cluster view's list+watch): a role bound to one of
+    # its accounts grants read verbs only, never a write.
+    roles = {r["metadata"]["name"]: r for r in rendered if r["kind"] in ("Role", "ClusterRole")}
+    for obj in rendered:
+        subjects = obj.get("subjects", []) if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") else []
+        if any(subject.get("name") in accounts for subject in subjects):
+            role = roles[obj["roleRef"]["name"]]
+            verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+            assert verbs <= {"get", "list", "watch"}, f"{role['metadata']['name']} writes: {verbs}"
 
 
 def test_configuration_file_is_mounted_and_valid(rendered, tmp_path):
