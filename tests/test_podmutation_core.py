@@ -841,3 +841,35 @@ def test_castai_objects_drop_unknown_fields_with_a_warning_ours_refuse_them() ->
 def test_restart_policy_immediate_is_accepted_with_a_warning() -> None:
     m = mutation("r", {"restartPolicy": "immediate"})
     assert m.warnings == ("spec.restartPolicy: immediate is accepted, but CastSlice restarts nothing",)
+
+
+def test_test_past_the_end_fails_the_list() -> None:
+    ops = compile_operations([{"op": "test", "path": "/a/-", "value": 1}], "p")
+    outcome = apply_sequence({"a": [1]}, ops)
+    assert outcome.document is None and outcome.error is not None and "names no value" in outcome.error
+
+
+@pytest.mark.parametrize(
+    ("patch", "problem"),
+    [
+        ({"op": "add", "path": "/metadata/labels", "value": {"app": {"x": 1}}}, "metadata.labels['app']"),
+        (
+            {"op": "add", "path": "/metadata/labels", "value": {"app": "not a label value!"}},
+            "is not a label value",
+        ),
+        ({"op": "add", "path": "/spec/nodeSelector", "value": ["x"]}, "spec.nodeSelector must be a map"),
+        (
+            {"op": "add", "path": "/spec/tolerations", "value": ["x"]},
+            "spec.tolerations must be a list of objects",
+        ),
+        ({"op": "replace", "path": "/spec", "value": 1}, "metadata and spec must stay objects"),
+    ],
+)
+def test_a_patch_that_would_make_the_pod_invalid_is_not_applied(patch: dict[str, Any], problem: str) -> None:
+    out, done = patched([patch], pod(labels={"keep": "me"}))
+    assert out["metadata"]["labels"] == {"keep": "me"} and isinstance(out["spec"], dict)
+    assert (
+        len(done.warnings) == 1
+        and "the Pod would be invalid" in done.warnings[0]
+        and problem in done.warnings[0]
+    )

@@ -233,6 +233,8 @@ def _concrete(operation: CompiledOperation, pointer: str) -> dict[str, Any]:
 def _test(document: Any, pointer: str, expected: Any) -> None:
     # jsonpatch's test uses Python's ==, for which true == 1; JSON does not, so compare as JSON.
     actual = jsonpointer.resolve_pointer(document, pointer)
+    if isinstance(actual, jsonpointer.EndOfList):
+        raise jsonpatch.JsonPatchTestFailed("'-' (past the end of a list) names no value to test")
     if not same(actual, expected):
         raise jsonpatch.JsonPatchTestFailed(f"{json.dumps(actual)[:60]} is not {json.dumps(expected)[:60]}")
 
