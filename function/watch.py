@@ -401,7 +401,7 @@ def kube_transport(environ: Mapping[str, str] | None = None) -> KubeTransport:
     environ = os.environ if environ is None else environ
     configuration = client.Configuration()
     if environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config(
             config_file=environ.get("KUBECONFIG") or None, client_configuration=configuration
