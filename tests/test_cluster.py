@@ -150,7 +150,7 @@ def test_rbac_rules_are_list_and_watch_per_group() -> None:
 
 def test_two_different_specs_for_one_index_are_refused() -> None:
     assert merge_specs([PODS, REPLICASETS, PODS]) == (PODS, REPLICASETS)
-    other = WatchSpec("pods", "", "v1", "pods", "Pod", slim_pod)
+    other = WatchSpec("pods", "", "v1", "pods", "Pod", slim=slim_pod)
     with pytest.raises(ValueError, match="two different watches for the cluster-view index 'pods'"):
         merge_specs([PODS, other])
 
