@@ -28,8 +28,8 @@ import io
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import immutables
@@ -355,10 +355,7 @@ class IndexState:
 
 def record_key(record: Record) -> str:
     """A record's key: its ``uid`` attribute, or ``metadata.uid`` of a whole object."""
-    if isinstance(record, Mapping):
-        uid = _metadata(record).get("uid")
-    else:
-        uid = getattr(record, "uid", None)
+    uid = _metadata(record).get("uid") if isinstance(record, Mapping) else getattr(record, "uid", None)
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"a cluster-view record needs a non-empty str uid: {record!r}")
     return uid

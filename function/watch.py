@@ -403,7 +403,7 @@ def kube_transport(environ: Mapping[str, str] | None = None) -> KubeTransport:
     if environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config(
+        config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=environ.get("KUBECONFIG") or None, client_configuration=configuration
         )
     return KubeTransport(configuration)

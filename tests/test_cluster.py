@@ -141,7 +141,7 @@ def test_rbac_rules_are_list_and_watch_per_group() -> None:
         {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list", "watch"]},
     ]
     nodes = WatchSpec(
-        "nodes", "", "v1", "nodes", "Node", slim_pod, namespaced=False, rbac_verbs=("watch", "list")
+        "nodes", "", "v1", "nodes", "Node", namespaced=False, slim=slim_pod, rbac_verbs=("watch", "list")
     )
     assert rbac_rules([PODS, nodes]) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}
