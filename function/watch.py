@@ -26,12 +26,15 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from function.cluster import ClusterView, IndexState, View, WatchSpec, merge_specs
+
+if TYPE_CHECKING:
+    from function.config import Config
 
 log = logging.getLogger("castslice.view")
 
@@ -45,6 +48,14 @@ BACKOFF_START, BACKOFF_MAX = 0.5, 30.0
 
 LIST_ACCEPT_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 WATCH_ACCEPT_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def watches_for(config: Config) -> tuple[WatchSpec, ...]:
+    """What the enabled plug-ins (enforcing or shadow) need watched, one spec per index. Empty
+    when none needs the cluster: then nothing is watched and no credentials are read."""
+    return merge_specs(
+        spec for plugin, section in config.enabled_plugins() for spec in plugin.watches(section)
+    )
 
 
 class Response(Protocol):
@@ -393,6 +404,10 @@ class KubeTransport:
             getattr(response, "close", lambda: None)()
 
 
+class NoCredentials(RuntimeError):
+    """The view must watch but finds no way to reach the apiserver."""
+
+
 def kube_transport(environ: Mapping[str, str] | None = None) -> KubeTransport:
     """In-cluster credentials (the ServiceAccount token) when running in a Pod, else $KUBECONFIG
     (or ~/.kube/config) for local runs."""
@@ -400,10 +415,17 @@ def kube_transport(environ: Mapping[str, str] | None = None) -> KubeTransport:
 
     environ = os.environ if environ is None else environ
     configuration = client.Configuration()
-    if environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=environ.get("KUBECONFIG") or None, client_configuration=configuration
-        )
+    try:
+        if environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=environ.get("KUBECONFIG") or None, client_configuration=configuration
+            )
+    except (config.ConfigException, OSError) as error:
+        raise NoCredentials(
+            "an enabled mutator needs the cluster view (list/watch), but there are no credentials: "
+            f"no mounted ServiceAccount token ({IN_CLUSTER_TOKEN}) and no usable kubeconfig "
+            f"(KUBECONFIG={environ.get('KUBECONFIG', '')!r}): {error}"
+        ) from error
     return KubeTransport(configuration)
