@@ -167,6 +167,15 @@ def _keep(obj: Mapping[str, Any]) -> Record:
     return obj
 
 
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return _text(_metadata(obj).get("uid"))
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    """The key of a cluster-scoped object looked up by name (a Namespace)."""
+    return _text(_metadata(obj).get("name"))
+
+
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch the edge runs for the enabled plug-ins, and the index it feeds.
@@ -189,6 +198,9 @@ class WatchSpec:
     slim: Callable[[Mapping[str, Any]], Record | None] = field(default=_keep)
     """Raw object -> small immutable record kept in the index (pure); None: not kept. The record
     needs a ``uid`` attribute (its key) unless it is the object itself (the default)."""
+    key: Callable[[Mapping[str, Any]], str] = uid_of
+    """Raw object -> its key in the index: the uid (default), or ``name_of`` for an index that
+    mutators look up by name (Namespaces by their name)."""
     group_by: Callable[[Record], str] | None = None
     """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups."""
     field_selector: str = ""
@@ -325,9 +337,8 @@ class IndexState:
             synced,
         )
 
-    def put(self, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
-        """This index with ``record`` added or replaced: O(log n), sharing the rest."""
-        uid = record_key(record)
+    def put(self, uid: str, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
+        """This index with ``record`` added or replaced under ``uid``: O(log n), sharing the rest."""
         state = self._without(uid, group_by) if uid in self.records else self
         groups = state.groups
         if group_by is not None:
@@ -455,12 +466,12 @@ def load_state(
         raise StateFileError(f"cluster state {name}: cannot read it: {error}") from error
     except yaml.YAMLError as error:
         raise StateFileError(f"cluster state {name}: not YAML: {error}") from error
-    loaded: dict[str, list[Record]] = {spec.index: [] for spec in specs}
+    loaded: dict[str, dict[str, Record]] = {spec.index: {} for spec in specs}
     for number, document in enumerate(documents):
         for obj in _objects(document, f"cluster state {name}, document {number}"):
             for spec in specs:
                 if spec.matches(obj):
-                    record = spec.slim(obj)
-                    if record is not None:
-                        loaded[spec.index].append(record)
+                    key, record = spec.key(obj), spec.slim(obj)
+                    if key and record is not None:
+                        loaded[spec.index][key] = record
     return StaticView(loaded, specs)

@@ -255,7 +255,7 @@ class ClusterWatcher:
 
     def _list(self, spec: WatchSpec) -> str:
         """List everything (paginated), publish it whole, return the list's resourceVersion."""
-        records: list[Any] = []
+        records: dict[str, Any] = {}
         token = ""
         while True:
             query = {"limit": str(PAGE_SIZE)}
@@ -265,16 +265,16 @@ class ClusterWatcher:
                 response = self._get(spec, "list", query, 60.0)
             except Gone:
                 # The continue token expired mid-list (the apiserver compacted): start over.
-                records, token = [], ""
+                records, token = {}, ""
                 continue
             try:
                 page = json.loads(response.read())
             finally:
                 response.release_conn()
             for item in page.get("items") or ():
-                record = spec.slim(item)
-                if record is not None:
-                    records.append(record)
+                key, record = spec.key(item), spec.slim(item)
+                if key and record is not None:
+                    records[key] = record
             metadata = page.get("metadata") or {}
             token = metadata.get("continue") or ""
             if not token:
@@ -333,14 +333,14 @@ class ClusterWatcher:
         new_version = str(metadata.get("resourceVersion") or version)
         if kind == "BOOKMARK":
             return new_version
-        uid = metadata.get("uid")
-        if not isinstance(uid, str) or not uid:
+        key = spec.key(obj)
+        if not key:
             return new_version
         record = spec.slim(obj) if kind in ("ADDED", "MODIFIED") else None
         if record is None:  # DELETED, or an object the spec no longer keeps (a finished Pod)
-            self._publish(spec.index, lambda old: old.remove(uid, spec.group_by))
+            self._publish(spec.index, lambda old: old.remove(key, spec.group_by))
         else:
-            self._publish(spec.index, lambda old: old.put(record, spec.group_by))
+            self._publish(spec.index, lambda old: old.put(key, record, spec.group_by))
         return new_version
 
     def _publish(self, index: str, change: Callable[[IndexState], IndexState]) -> None:
