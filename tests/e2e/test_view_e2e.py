@@ -237,7 +237,7 @@ def test_the_service_account_may_list_and_watch_and_nothing_more(
 def test_watches_sync_readyz_and_pods_come_and_go(
     control_plane: ControlPlane, gated_webhook: tuple[WebhookHttp, Gate]
 ) -> None:
-    webhook, gate = gated_webhook
+    webhook, _ = gated_webhook
     watcher = webhook.watcher
     assert isinstance(watcher, ClusterWatcher)
     eventually(lambda: webhook.handle("GET", "/readyz", None).status == 200, what="/readyz")
