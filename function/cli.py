@@ -15,11 +15,12 @@ from typing import Any, TextIO
 
 import yaml
 
-from function.cluster import EMPTY_VIEW, ClusterView
+from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, OUTCOMES
 from function.engine import Engine
 from function.manifests import DocumentResult, mutate_document
+from function.watch import watches_for
 
 FUNC_SOURCE = Path(__file__).with_name("func.py")
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
@@ -89,18 +90,30 @@ def _report(result: DocumentResult, out: TextIO) -> None:
         print(f"  warning: {warning}", file=out)
 
 
+def _cluster_from(path: str | None, config: Config) -> ClusterView:
+    """The cluster state a decision may read offline: what ``kubectl get pods,replicasets -A -o
+    yaml`` printed, read as the webhook's watches would keep it. None: no state (EMPTY_VIEW)."""
+    if path is None:
+        return EMPTY_VIEW
+    return load_state(path, watches_for(config) or (PODS, REPLICASETS))
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
         config = _config_from(args.config)
         documents = _read_documents(args.filename)
         extra = _mutation_documents(args.mutations)
+        cluster = _cluster_from(args.cluster, config)
     except ConfigError as error:
         print(error, file=sys.stderr)
+        return 2
+    except StateFileError as error:
+        print(f"castslice mutate: {error}", file=sys.stderr)
         return 2
     except (OSError, yaml.YAMLError) as error:
         print(f"castslice mutate: cannot read {args.filename}: {error}", file=sys.stderr)
         return 2
-    config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr)
+    config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr, cluster)
     engine = Engine(config)
 
     results = [mutate_document(engine, i, doc, args.namespace, cluster) for i, doc in enumerate(documents)]
@@ -138,15 +151,17 @@ def _mutation_documents(directory: str | None) -> list[Any]:
     return [doc for _, doc in documents_in(Path(directory))]
 
 
-def _with_podmutations(config: Config, documents: list[Any], out: TextIO) -> tuple[Config, ClusterView]:
+def _with_podmutations(
+    config: Config, documents: list[Any], out: TextIO, cluster: ClusterView = EMPTY_VIEW
+) -> tuple[Config, ClusterView]:
     """PodMutation documents among ``documents`` as the cluster view the webhook would have; with
     any, the podMutations mutator is switched on (naming them is asking for them)."""
     from function.cluster import StaticView
-    from function.podmutation.offline import load
+    from function.podmutation.offline import WithMutations, load
 
     loaded = load(documents)
     if not loaded.records:
-        return config, EMPTY_VIEW
+        return config, cluster
     for record in loaded.valid:
         print(f"podmutation/{record.name}: loaded (generation {record.generation})", file=out)
         for warning in record.warnings:
@@ -158,7 +173,8 @@ def _with_podmutations(config: Config, documents: list[Any], out: TextIO) -> tup
     section = config.section("podMutations")
     if not section.enabled:
         config = config.model_copy(update={"podMutations": section.model_copy(update={"enabled": True})})
-    return config, StaticView({"podmutations": loaded.records}, specs=())
+    mutations = StaticView({"podmutations": loaded.records}, specs=())
+    return config, WithMutations(cluster, mutations) if cluster.available else mutations
 
 
 def cmd_mutations_validate(args: argparse.Namespace) -> int:
@@ -351,6 +367,11 @@ def parser() -> argparse.ArgumentParser:
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
     mutate.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
     mutate.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    mutate.add_argument(
+        "--cluster",
+        metavar="STATE.yaml",
+        help="cluster state for mutators that need it: the output of kubectl get pods,replicasets -A -o yaml",
+    )
     mutate.add_argument("--mutations", metavar="DIR",
                         help="PodMutation documents (a file or a directory) to apply")
     mutate.set_defaults(run=cmd_mutate)

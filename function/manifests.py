@@ -87,6 +87,8 @@ def pod_of(document: dict[str, Any], index: int = 0) -> tuple[dict[str, Any], di
 def mutate_document(
     engine: Engine, index: int, document: Any, default_namespace: str, cluster: ClusterView = EMPTY_VIEW
 ) -> DocumentResult:
+    """``cluster``: the state from ``--cluster STATE.yaml``; EMPTY_VIEW (none) makes a mutator that
+    needs the cluster say so instead of guessing."""
     if not isinstance(document, dict):
         return DocumentResult(index, "?", "?", document, None, "not a Kubernetes object: left as is")
     kind = str(document.get("kind", "?"))

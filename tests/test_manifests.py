@@ -53,6 +53,7 @@ COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
     KNATIVE_DIR / "components" / "pod-mutations-castai",
 )
+CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
 
 WEBHOOK_NAME = "castslice"  # the MutatingWebhookConfiguration, Knative Service and Deployment
 AUDIT_NAME = "castslice-audit"
@@ -133,7 +134,9 @@ def procfile_web() -> str:
 
 
 def test_layout_is_a_base_and_two_overlays():
-    assert kustomization_dirs() == sorted((*ALL_KUSTOMIZATIONS, *COMPONENTS))
+    # Plus the cluster view's RBAC component (tests/test_view_manifests.py), which overlays include
+    # only when the configuration enables a mutator that watches the cluster, and the PodMutation ones.
+    assert kustomization_dirs() == sorted((*ALL_KUSTOMIZATIONS, CLUSTER_VIEW, *COMPONENTS))
 
 
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=ids(kustomization_dirs()))
@@ -420,9 +423,13 @@ def test_containers_are_non_root_and_read_only(rendered):
 
 
 def test_least_privilege_rbac(rendered):
+    # The webhook's token and rules follow the watches its enabled mutators declare: checked
+    # exactly in tests/test_view_manifests.py. Everything else calls no Kubernetes API.
     accounts = {sa["metadata"]["name"]: sa for sa in by_kind(rendered, "ServiceAccount", "")}
     for owner, spec in pod_specs(rendered):
         account = accounts[spec["serviceAccountName"]]
+        if account["metadata"]["name"] == WEBHOOK_NAME:
+            continue
         assert account["automountServiceAccountToken"] is False
         assert spec["automountServiceAccountToken"] is False, owner["metadata"]["name"]
     for obj in rendered:
@@ -432,10 +439,12 @@ def test_least_privilege_rbac(rendered):
                     assert "*" not in rule.get(field, []), f"{obj['kind']} {obj['metadata']['name']}"
                     assert not any("*" in value for value in rule.get(field, []))
     # The webhook only reads cluster state (the cluster view's list+watch): a role bound to one of
-    # its accounts grants read verbs only, never a write.
+    # its accounts grants read verbs only, never a write; the audit consumer calls no Kubernetes API.
     roles = {r["metadata"]["name"]: r for r in rendered if r["kind"] in ("Role", "ClusterRole")}
     for obj in rendered:
         subjects = obj.get("subjects", []) if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") else []
+        for subject in subjects:
+            assert subject.get("name") not in set(accounts) - {WEBHOOK_NAME}, "calls no Kubernetes API"
         if any(subject.get("name") in accounts for subject in subjects):
             role = roles[obj["roleRef"]["name"]]
             verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from function.cluster import ClusterView
 from function.patch import diff
 from function.podmutation.apply import apply_mutation
 from function.podmutation.compiled import (
@@ -24,6 +25,28 @@ from function.podmutation.compiled import (
 from function.podmutation.match import Selection, Workload, select, workload_of
 
 Record = CompiledMutation | InvalidMutation
+OUR_INDEX = "podmutations"
+
+
+class WithMutations:
+    """A cluster view (``--cluster STATE.yaml``) with the PodMutations given on the command line
+    in place of its own ``podmutations`` index."""
+
+    def __init__(self, base: ClusterView, mutations: ClusterView) -> None:
+        self._base, self._mutations = base, mutations
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        return self._mutations.index(name) if name == OUR_INDEX else self._base.index(name)
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self._mutations.group(name, key) if name == OUR_INDEX else self._base.group(name, key)
+
+    def synced(self, name: str) -> bool:
+        return True if name == OUR_INDEX else self._base.synced(name)
 
 
 def is_mutation_document(doc: Any) -> bool:
