@@ -72,7 +72,12 @@ def token_mounted(objs: list[dict[str, Any]]) -> bool:
 
 
 def with_component(overlay: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    """``overlay`` plus the cluster-view component, as a user's kustomization would include it."""
+    """``overlay`` plus the cluster-view component, as a user's kustomization would include it
+    (the overlay as it is when it already includes it: the shipped configuration enables
+    PodMutations, which watch)."""
+    included = yaml.safe_load((overlay / "kustomization.yaml").read_text()).get("components") or []
+    if any((overlay / path).resolve() == COMPONENT.resolve() for path in included):
+        return render(overlay)
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
