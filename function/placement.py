@@ -23,6 +23,8 @@ Pod = dict[str, Any]
 
 PLACEMENT_LABEL: Final = "castops.io/placement"
 """The label every Pod placed by the spot mutator carries; its value is a ``Placement``."""
+DECISION_ANNOTATION: Final = "castops.io/placement-decision"
+"""The admission uid of the decision that placed a Pod (the edge matches its recent decisions by it)."""
 SPOT: Final = "spot"
 ON_DEMAND: Final = "on-demand"
 Placement = Literal["spot", "on-demand"]

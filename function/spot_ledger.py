@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from function.mutators.spot import DECISION_ANNOTATION, LEDGER_INDEX, LedgerEntry, ViewLike
-from function.placement import controller_of, placement_of
+from function.cluster import ClusterView
+from function.mutators.spot import LEDGER_INDEX, LedgerEntry
+from function.placement import DECISION_ANNOTATION, controller_of, placement_of
 
 
 class DecisionLedger:
@@ -91,7 +92,7 @@ class DecisionLedger:
 class ViewWithLedger:
     """A cluster view plus the ledger's entries as the ``spot-ledger`` index (read-only)."""
 
-    view: ViewLike
+    view: ClusterView
     ledger: Mapping[str, tuple[LedgerEntry, ...]]
 
     @property
@@ -100,6 +101,9 @@ class ViewWithLedger:
 
     def index(self, name: str) -> Mapping[str, Any]:
         return self.ledger if name == LEDGER_INDEX else self.view.index(name)
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self.view.group(name, key)
 
     def synced(self, name: str) -> bool:
         return True if name == LEDGER_INDEX else self.view.synced(name)

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from function.mutators.spot import (
-    LEDGER_INDEX,
-    NAMESPACES_INDEX,
-    PODS_INDEX,
-    LedgerEntry,
-    PodRecord,
-    Spot,
-    SpotConfig,
-)
-from function.placement import PLACEMENT_LABEL, Placement
+from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, IndexState, Owner, PodRecord, View
+from function.mutators.base import RequestContext
+from function.mutators.spot import NAMESPACES, LedgerEntry, NamespaceRecord, Spot, SpotConfig
+from function.placement import PLACEMENT_LABEL
+from function.spot_ledger import ViewWithLedger
 
 RS_UID = "rs-uid-1"
 
@@ -47,31 +41,13 @@ def make_pod(
     }
 
 
-@dataclass(frozen=True)
-class View:
-    """A static cluster view (what ``function.cluster.StaticView`` gives once merged)."""
-
-    indices: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    available: bool = True
-    unsynced: frozenset[str] = frozenset()
-
-    def index(self, name: str) -> Mapping[str, Any]:
-        return self.indices.get(name, {})
-
-    def synced(self, name: str) -> bool:
-        return self.available and name not in self.unsynced
+NO_VIEW: ClusterView = EMPTY_VIEW
 
 
-NO_VIEW = View(available=False)
-
-
-@dataclass(frozen=True)
-class Ctx:
-    uid: str = "req-1"
-    namespace: str = "default"
-    operation: str = "CREATE"
-    dry_run: bool = False
-    cluster: View = NO_VIEW
+def Ctx(
+    uid: str = "req-1", namespace: str = "default", operation: str = "CREATE", cluster: ClusterView = NO_VIEW
+) -> RequestContext:
+    return RequestContext(uid=uid, namespace=namespace, operation=operation, cluster=cluster)
 
 
 def siblings(
@@ -80,33 +56,37 @@ def siblings(
     unplaced: int = 0,
     terminating: int = 0,
     owner_uid: str = RS_UID,
-) -> dict[str, PodRecord]:
-    records: dict[str, PodRecord] = {}
-    kinds: list[tuple[Placement | None, bool]] = (
-        [("spot", False)] * spot
-        + [("on-demand", False)] * on_demand
-        + [(None, False)] * unplaced
-        + [("spot", True)] * terminating
-    )
-    for number, (placement, dying) in enumerate(kinds):
-        uid = f"pod-{number}"
-        records[uid] = PodRecord(uid, "default", f"web-{number}", owner_uid, placement, f"d-{number}", dying)
-    return records
+) -> list[PodRecord]:
+    kinds = [("spot", False)] * spot + [("on-demand", False)] * on_demand + [("", False)] * unplaced
+    kinds += [("spot", True)] * terminating
+    owner_of = Owner(owner_uid, "ReplicaSet", "web-58c67d7989")
+    return [
+        PodRecord("default", f"web-{n}", f"pod-{n}", owner_of, placed, dying, f"d-{n}")
+        for n, (placed, dying) in enumerate(kinds)
+    ]
 
 
 def view_with(
-    pods: Mapping[str, PodRecord] | None = None,
+    pods: list[PodRecord] | None = None,
     ledger: tuple[LedgerEntry, ...] = (),
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
     owner_uid: str = RS_UID,
-) -> View:
-    return View(
+    pods_synced: bool = True,
+) -> ClusterView:
+    """A view holding these sibling Pods and namespaces, plus ``ledger`` as this process's recent
+    decisions for ``owner_uid`` (as the edge hands them in)."""
+    namespace_records = [
+        NamespaceRecord(f"ns-{name}", name, tuple(sorted(labels.items())))
+        for name, labels in (namespaces or {}).items()
+    ]
+    view = View(
         {
-            PODS_INDEX: {owner_uid: dict(pods or {})},
-            LEDGER_INDEX: {owner_uid: ledger} if ledger else {},
-            NAMESPACES_INDEX: dict(namespaces or {}),
+            "pods": IndexState.build(pods or [], PODS, synced=pods_synced),
+            "replicasets": IndexState.build([], REPLICASETS),
+            "namespaces": IndexState.build(namespace_records, NAMESPACES),
         }
     )
+    return ViewWithLedger(view, {owner_uid: ledger} if ledger else {})
 
 
 def spot_mutator(deny_invalid: bool = True, own_namespace: str = "castslice-system", **config: Any) -> Spot:

@@ -326,7 +326,7 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
     from function.mutators.spot import LedgerEntry, Spot, SpotConfig
     from function.patch import copy_json, diff, prove
     from function.placement import scheduling_violations
-    from tests.spot_support import NO_VIEW, Ctx, View, siblings, view_with
+    from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
 
     config = SpotConfig(
         enabled=True, labelScheme=scheme, spotPercentageOfReplicaSet=percentage, defaultToSpot=default_to_spot
@@ -341,7 +341,7 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
     cluster = {
         "synced": synced,
         "missing": NO_VIEW,
-        "unsynced": View(synced.indices, unsynced=frozenset({"pods"})),
+        "unsynced": view_with(siblings(spot, on_demand), ledger, owner_uid="owner", pods_synced=False),
     }
     ctx = Ctx(uid="req-0", namespace="ns", cluster=cluster[view])
 

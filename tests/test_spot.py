@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from function.cluster import slim_pod
 from function.mutators.spot import (
-    DECISION_ANNOTATION,
     LIFECYCLE,
     POD_DELETION_COST,
     SPOT_PERCENTAGE,
@@ -16,15 +16,12 @@ from function.mutators.spot import (
     SpotConfig,
     sibling_counts,
     slim_namespace,
-    slim_pod,
-    slim_replicaset,
 )
-from function.placement import PLACEMENT_LABEL, SiblingCounts
+from function.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, SiblingCounts
 from tests.spot_support import (
     NO_VIEW,
     RS_UID,
     Ctx,
-    View,
     make_pod,
     owner,
     placement,
@@ -386,7 +383,7 @@ def test_without_a_synced_view_the_hash_split_decides_and_says_so() -> None:
         assert "by hash split (no cluster view)" in reason
         spot += got == "spot"
     assert 50 <= spot <= 110  # 40 % of 200 = 80
-    unsynced = View(indices={}, unsynced=frozenset({"pods"}))
+    unsynced = view_with(pods_synced=False)
     assert "hash split (cluster view not synced)" in decide(mutator, rs_pod(), Ctx(cluster=unsynced))[1]
 
 
@@ -473,14 +470,45 @@ def test_slim_records() -> None:
     pod = make_pod(owner(), labels={PLACEMENT_LABEL: "spot"}, annotations={DECISION_ANNOTATION: "abc"})
     pod["metadata"].update(uid="p1", name="web-1", deletionTimestamp="2026-01-01T00:00:00Z")
     record = slim_pod(pod)
-    assert (record.owner_uid, record.placement, record.decision, record.terminating) == (
+    assert record is not None
+    assert (record.owner.uid, record.placement, record.decision, record.terminating) == (
         RS_UID,
         "spot",
         "abc",
         True,
     )
-    assert slim_pod({}).owner_uid == "" and slim_pod({}).placement is None
-    rs = slim_replicaset({"metadata": {"uid": "u", "name": "n", "namespace": "d"}, "spec": {"replicas": 3}})
-    assert rs.replicas == 3
-    assert slim_namespace({"metadata": {"labels": {"env": "prod"}}}) == {"env": "prod"}
-    assert slim_namespace({}) == {}
+    namespace = slim_namespace(
+        {"metadata": {"uid": "u", "name": "prod", "labels": {"env": "prod", "a": "b"}}}
+    )
+    assert namespace == ("u", "prod", (("a", "b"), ("env", "prod")))
+    assert slim_namespace({"metadata": {"name": "x"}}) is None
+
+
+def test_watches_declare_namespaces_only_for_namespace_selectors() -> None:
+    from function.mutators.spot import PLUGIN
+
+    plain = SpotConfig(enabled=True)
+    assert [spec.index for spec in PLUGIN.watches(plain)] == ["pods", "replicasets"]
+    selective = SpotConfig.model_validate(
+        {"ignorePods": [{"namespaceSelector": {"matchLabels": {"a": "b"}}}]}
+    )
+    specs = PLUGIN.watches(selective)
+    assert [spec.index for spec in specs] == ["pods", "replicasets", "namespaces"]
+    assert specs[0].metadata_only and specs[0].group_by is not None
+    assert specs[2].namespaced is False and specs[2].metadata_only
+
+
+def test_the_reason_names_the_replicaset_desired_count() -> None:
+    from function.cluster import PODS as PODS_SPEC
+    from function.cluster import REPLICASETS, IndexState, ReplicaSetRecord, View
+
+    view = View(
+        {
+            "pods": IndexState.build([], PODS_SPEC),
+            "replicasets": IndexState.build(
+                [ReplicaSetRecord("default", "web-58c67d7989", RS_UID, owner(), 10, False)], REPLICASETS
+            ),
+        }
+    )
+    _, reason = decide(spot_mutator(spotPercentageOfReplicaSet=40), rs_pod(), Ctx(cluster=view))
+    assert "for ReplicaSet web-58c67d7989 (wants 10): siblings 0 spot" in reason

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from function.mutators.spot import DECISION_ANNOTATION, LEDGER_INDEX, PODS_INDEX, LedgerEntry
-from function.placement import PLACEMENT_LABEL
+from function.cluster import EMPTY_VIEW, StaticView
+from function.mutators.spot import LEDGER_INDEX, PODS_INDEX, LedgerEntry
+from function.placement import DECISION_ANNOTATION, PLACEMENT_LABEL
 from function.spot_ledger import DecisionLedger, ViewWithLedger
-from tests.spot_support import View, make_pod, owner
+from tests.spot_support import make_pod, owner, siblings
 
 
 class Clock:
@@ -81,10 +82,10 @@ def test_concurrent_records_are_all_kept() -> None:
 
 
 def test_view_with_ledger_adds_the_index_and_delegates_the_rest() -> None:
-    inner = View({PODS_INDEX: {"rs": {}}}, unsynced=frozenset({"namespaces"}))
+    inner = StaticView({PODS_INDEX: siblings(spot=1, owner_uid="rs")})
     view = ViewWithLedger(inner, {"rs": (LedgerEntry("a", "spot"),)})
     assert view.available
     assert view.index(LEDGER_INDEX) == {"rs": (LedgerEntry("a", "spot"),)}
-    assert view.index(PODS_INDEX) == {"rs": {}}
+    assert len(view.index(PODS_INDEX)) == 1 and len(view.group(PODS_INDEX, "rs")) == 1
     assert view.synced(LEDGER_INDEX) and view.synced(PODS_INDEX) and not view.synced("namespaces")
-    assert not ViewWithLedger(View(available=False), {}).available
+    assert not ViewWithLedger(EMPTY_VIEW, {}).available

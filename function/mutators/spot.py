@@ -31,13 +31,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from function.mutators.base import MutatorResult, Pod, annotations_of, fit_warning, labels_of, shown
+from function.cluster import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec
+from function.configtypes import MutatorConfig, OnInvalidAnnotation
+from function.contract import FUNCTION_NAMESPACE
+from function.mutators.base import MutatorResult, RequestContext
+from function.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.placement import (
     BUILTIN_SCHEMES,
+    DECISION_ANNOTATION,
     ON_DEMAND,
     PLACEMENT_LABEL,
     SPOT,
@@ -55,16 +60,16 @@ from function.placement import (
     placement_of,
     spot_target,
 )
+from function.pod import Pod, annotations_of, fit_warning, labels_of, shown
 
 LIFECYCLE = "scheduling.cast.ai/lifecycle"
 SPOT_PERCENTAGE = "scheduling.cast.ai/spot-percentage"
-DECISION_ANNOTATION = "castops.io/placement-decision"
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 PARTIAL_KINDS = ("ReplicaSet", "StatefulSet")
 """Controllers whose Pods are split by percentage (CAST AI: "per ReplicaSet"; StatefulSets too)."""
 
-PODS_INDEX = "pods"
-REPLICASETS_INDEX = "replicasets"
+PODS_INDEX = PODS.index
+REPLICASETS_INDEX = REPLICASETS.index
 NAMESPACES_INDEX = "namespaces"
 LEDGER_INDEX = "spot-ledger"
 """The edge's recent decisions (``function/spot_ledger.py``), by owner uid, handed in with the view."""
@@ -165,11 +170,9 @@ PRESET_VALUES: dict[str, tuple[bool, int]] = {
 """Each preset's (defaultToSpot, spotPercentageOfReplicaSet), from CAST AI's chart."""
 
 
-class SpotConfig(_Strict):
-    """The ``spot:`` section. Off by default."""
+class SpotConfig(MutatorConfig):
+    """The ``spot:`` section. Off by default (``enabled``, ``mode`` come from MutatorConfig)."""
 
-    enabled: bool = False
-    mode: Literal["enforce", "shadow"] = "enforce"
     # CAST AI's staticConfig keys:
     preset: Preset | None = None
     defaultToSpot: bool = True
@@ -249,29 +252,45 @@ def _selector_keys(term: PodSelectorTerm) -> Iterable[str]:
             yield from (expression.key for expression in selector.matchExpressions)
 
 
-# --- what the cluster view holds for this mutator (slim records, built at the edge) ----------------
+# --- what the cluster view holds for this mutator ----------------------------------------------------
+# Pods and ReplicaSets come from the shared specs of function/cluster.py (Pods grouped by owner uid,
+# PodRecord.decision carries DECISION_ANNOTATION). Namespaces are watched only when a selector term
+# has a namespaceSelector: their labels are not in the AdmissionReview.
 
 
-@dataclass(frozen=True)
-class PodRecord:
-    """What the view keeps of a Pod (from a metadata-only watch: no status, so "live" means not
-    terminating; a failed or evicted Pod still counts until it is deleted)."""
-
+class NamespaceRecord(NamedTuple):
     uid: str
-    namespace: str
     name: str
-    owner_uid: str
-    placement: Placement | None
-    decision: str
-    terminating: bool
+    labels: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class ReplicaSetRecord:
-    uid: str
-    namespace: str
-    name: str
-    replicas: int
+def slim_namespace(obj: Mapping[str, Any]) -> NamespaceRecord | None:
+    """A Namespace (or its metadata) -> NamespaceRecord; None without a uid."""
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    uid, name, labels = metadata.get("uid"), metadata.get("name"), metadata.get("labels")
+    if not isinstance(uid, str) or not uid:
+        return None
+    pairs = tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(labels, Mapping) else ()
+    return NamespaceRecord(uid, name if isinstance(name, str) else "", pairs)
+
+
+def namespace_name(record: Any) -> str:
+    return record.name if isinstance(record, NamespaceRecord) else ""
+
+
+NAMESPACES = WatchSpec(
+    index=NAMESPACES_INDEX,
+    group="",
+    version="v1",
+    plural="namespaces",
+    kind="Namespace",
+    slim=slim_namespace,
+    namespaced=False,
+    metadata_only=True,
+    group_by=namespace_name,
+)
+"""Namespaces and their labels, grouped by name (the key a Pod's namespace gives)."""
 
 
 @dataclass(frozen=True)
@@ -280,76 +299,6 @@ class LedgerEntry:
 
     decision: str
     placement: Placement
-
-
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
-
-
-def slim_pod(obj: Mapping[str, Any]) -> PodRecord:
-    """A watched Pod (or PartialObjectMetadata) -> PodRecord; pure, for the view's WatchSpec."""
-    metadata = _metadata(obj)
-    owner = controller_of({"metadata": dict(metadata)})
-    annotations = metadata.get("annotations")
-    decision = annotations.get(DECISION_ANNOTATION, "") if isinstance(annotations, Mapping) else ""
-    return PodRecord(
-        uid=str(metadata.get("uid", "")),
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata.get("name", "")),
-        owner_uid=owner.uid if owner else "",
-        placement=placement_of({"metadata": dict(metadata)}),
-        decision=decision if isinstance(decision, str) else "",
-        terminating=metadata.get("deletionTimestamp") is not None,
-    )
-
-
-def pod_owner_uid(record: PodRecord) -> str:
-    """The grouping key of the pods index: the controller's uid ("" for bare Pods)."""
-    return record.owner_uid
-
-
-def slim_replicaset(obj: Mapping[str, Any]) -> ReplicaSetRecord:
-    metadata = _metadata(obj)
-    spec = obj.get("spec")
-    replicas = spec.get("replicas", 1) if isinstance(spec, Mapping) else 1
-    return ReplicaSetRecord(
-        uid=str(metadata.get("uid", "")),
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata.get("name", "")),
-        replicas=replicas if isinstance(replicas, int) else 1,
-    )
-
-
-def slim_namespace(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    """A Namespace -> its labels (the index is keyed by namespace name)."""
-    labels = _metadata(obj).get("labels")
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-
-
-class ViewLike(Protocol):
-    """The part of ``function.cluster.ClusterView`` this mutator reads."""
-
-    @property
-    def available(self) -> bool: ...
-
-    def index(self, name: str) -> Mapping[str, Any]: ...
-
-    def synced(self, name: str) -> bool: ...
-
-
-class ContextLike(Protocol):
-    @property
-    def uid(self) -> str: ...
-
-    @property
-    def namespace(self) -> str: ...
-
-    @property
-    def operation(self) -> str: ...
-
-    @property
-    def cluster(self) -> ViewLike: ...
 
 
 # --- the decision ---------------------------------------------------------------------------------
@@ -394,8 +343,9 @@ class Spot:
         self.scheme = config.scheme
 
     # -- entry point ---------------------------------------------------------------------------
-    def mutate(self, pod: Pod, ctx: ContextLike) -> MutatorResult:
-        namespace = ctx.namespace or _metadata(pod).get("namespace", "")
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
+        metadata = pod.get("metadata")
+        namespace = ctx.namespace or (metadata.get("namespace", "") if isinstance(metadata, dict) else "")
         skip = self._left_alone(pod, ctx, str(namespace))
         if skip:
             return MutatorResult.unchanged(skip)
@@ -419,7 +369,7 @@ class Spot:
         assert choice.placement != "toleration-only"
         return self._place(pod, ctx, choice.placement, choice.rule)
 
-    def _left_alone(self, pod: Pod, ctx: ContextLike, namespace: str) -> str | None:
+    def _left_alone(self, pod: Pod, ctx: RequestContext, namespace: str) -> str | None:
         """Why the Pod is not placed at all, or None."""
         if ctx.operation != "CREATE":
             return f"{ctx.operation}: only Pod creation is placed"
@@ -442,7 +392,7 @@ class Spot:
                 return f"spreads itself over {self.scheme.key} (topologySpreadConstraints)"
         return None
 
-    def _choose(self, pod: Pod, ctx: ContextLike, namespace: str, owner: OwnerRef | None) -> Choice | None:
+    def _choose(self, pod: Pod, ctx: RequestContext, namespace: str, owner: OwnerRef | None) -> Choice | None:
         annotations = annotations_of(pod)
         lifecycle = annotations.get(LIFECYCLE)
         if lifecycle is not None and lifecycle not in (SPOT, ON_DEMAND):
@@ -477,9 +427,9 @@ class Spot:
             return Choice(SPOT, "rule defaultToSpot")
         return None
 
-    def _partial(self, ctx: ContextLike, owner: OwnerRef, percentage: int, source: str) -> Choice:
+    def _partial(self, ctx: RequestContext, owner: OwnerRef, percentage: int, source: str) -> Choice:
         view = ctx.cluster
-        where = f"{owner.kind} {owner.name or owner.uid}"
+        where = f"{owner.kind} {owner.name or owner.uid}{_desired(view, owner)}"
         if not view.available or not view.synced(PODS_INDEX):
             state = "no cluster view" if not view.available else "cluster view not synced"
             placement = hash_split(f"{owner.uid}/{ctx.uid}", percentage)
@@ -493,7 +443,7 @@ class Spot:
             f"in view); spot target floor({counts.total_with_new}x{percentage}/100)={target}",
         )
 
-    def _matches(self, term: PodSelectorTerm, pod: Pod, namespace: str, ctx: ContextLike) -> bool:
+    def _matches(self, term: PodSelectorTerm, pod: Pod, namespace: str, ctx: RequestContext) -> bool:
         if term.labelSelector is not None and not term.labelSelector.matches(labels_of(pod)):
             return False
         if not term.namespaces and term.namespaceSelector is None:
@@ -502,11 +452,11 @@ class Spot:
             return True
         if term.namespaceSelector is None:
             return False
-        namespace_labels = ctx.cluster.index(NAMESPACES_INDEX).get(namespace)
+        namespace_labels = _namespace_labels(ctx.cluster, namespace)
         # Unknown namespace labels (no view, namespace not seen yet): the selector cannot match.
-        return isinstance(namespace_labels, Mapping) and term.namespaceSelector.matches(namespace_labels)
+        return namespace_labels is not None and term.namespaceSelector.matches(namespace_labels)
 
-    def _place(self, pod: Pod, ctx: ContextLike, placement: Placement, rule: str) -> MutatorResult:
+    def _place(self, pod: Pod, ctx: RequestContext, placement: Placement, rule: str) -> MutatorResult:
         account = apply_spot_mode(pod, placement_mode(placement), self.scheme)
         marks = self._mark(pod, ctx, placement)
         done = ", ".join(part for part in (account, marks) if part)
@@ -514,7 +464,7 @@ class Spot:
             return MutatorResult.unchanged(f"{placement}: {rule}; nothing to change")
         return MutatorResult.mutated(f"{placement}: {rule}; {done}")
 
-    def _mark(self, pod: Pod, ctx: ContextLike, placement: Placement) -> str | None:
+    def _mark(self, pod: Pod, ctx: RequestContext, placement: Placement) -> str | None:
         metadata = pod.get("metadata")
         if not isinstance(metadata, dict):
             return None
@@ -541,12 +491,14 @@ class Spot:
         return ", ".join(done) or None
 
 
-def sibling_counts(view: ViewLike, owner_uid: str) -> tuple[SiblingCounts, int]:
+def sibling_counts(view: ClusterView, owner_uid: str) -> tuple[SiblingCounts, int]:
     """The live siblings of an owner's Pods in the view, plus this process's recent decisions the
     view does not show yet (matched by ``castops.io/placement-decision``); and how many of those."""
     spot = on_demand = unplaced = 0
     seen: set[str] = set()
-    for record in _records(view.index(PODS_INDEX).get(owner_uid)):
+    for record in view.group(PODS_INDEX, owner_uid).values():
+        if not isinstance(record, PodRecord):
+            continue
         if record.decision:
             seen.add(record.decision)  # a terminating Pod is shown too: its decision is not pending
         if record.terminating:
@@ -569,10 +521,38 @@ def sibling_counts(view: ViewLike, owner_uid: str) -> tuple[SiblingCounts, int]:
     return SiblingCounts(spot, on_demand, unplaced), pending
 
 
-def _records(group: object) -> Iterable[PodRecord]:
-    """The pods index groups records by owner uid; a group is a mapping (pod uid -> record) or a
-    sequence of records."""
-    values = group.values() if isinstance(group, Mapping) else group
-    if not isinstance(values, Iterable):
-        return ()
-    return (record for record in values if isinstance(record, PodRecord))
+def _namespace_labels(view: ClusterView, namespace: str) -> Mapping[str, str] | None:
+    """The namespace's labels from the view, or None when the view has not seen it."""
+    for record in view.group(NAMESPACES_INDEX, namespace).values():
+        if isinstance(record, NamespaceRecord):
+            return dict(record.labels)
+    return None
+
+
+def _desired(view: ClusterView, owner: OwnerRef) -> str:
+    """ " (wants N)" for a ReplicaSet the view knows with a replica count, else ""."""
+    record = view.index(REPLICASETS_INDEX).get(owner.uid) if owner.kind == "ReplicaSet" else None
+    if isinstance(record, ReplicaSetRecord) and record.replicas is not None:
+        return f" (wants {record.replicas})"
+    return ""
+
+
+def _build(config: SpotConfig, settings: Settings, neighbours: Neighbours) -> Spot:
+    return Spot(config, settings.invalid_annotations is OnInvalidAnnotation.deny, FUNCTION_NAMESPACE)
+
+
+def _watches(config: SpotConfig) -> tuple[WatchSpec, ...]:
+    """Pods (metadata only, grouped by owner) and ReplicaSets; Namespaces only for namespaceSelectors."""
+    return (PODS, REPLICASETS, NAMESPACES) if config.uses_namespace_labels else (PODS, REPLICASETS)
+
+
+PLUGIN = MutatorPlugin(
+    name=Spot.name,
+    # After the resource mutators (slicing 100, vGPU 200, PodMutation 250): placement is about
+    # where the Pod runs, and a PodMutation's own spot mode (issue-podmut) takes the Pod first.
+    order=300,
+    config_key="spot",
+    config_model=SpotConfig,
+    build=_build,
+    watches=_watches,
+)
