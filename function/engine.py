@@ -22,6 +22,7 @@ from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResu
 from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
 from function.pod import Pod, cap_warning, labels_of
+from function.placement import scheduling_violations
 from function.rules import extended_resource_violations
 
 log = logging.getLogger("castslice.engine")
@@ -210,6 +211,9 @@ class Engine:
         except PatchProofError as error:
             return str(error)
         introduced = extended_resource_violations(intended) - extended_resource_violations(original)
+        # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
+        # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
+        introduced |= scheduling_violations(intended) - scheduling_violations(original)
         if introduced:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None
