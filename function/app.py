@@ -9,13 +9,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry
 
 from function.admission import Admission
 from function.audit.recorder import build_recorder
+from function.cluster import EMPTY_VIEW, ClusterView, WatchSpec
 from function.config import Config, load_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
+from function.watch import ClusterWatcher, Transport, kube_transport, watches_for
+
+log = logging.getLogger("castslice.app")
 
 
 def configure_logging() -> None:
@@ -27,14 +33,54 @@ def configure_logging() -> None:
         logging.getLogger("castslice").setLevel(os.environ.get("CASTSLICE_LOG_LEVEL", "INFO").upper())
 
 
-def build_webhook(config: Config | None = None, environ: Mapping[str, str] | None = None) -> WebhookHttp:
+def build_webhook(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    transport: Transport | None = None,
+    watches: tuple[WatchSpec, ...] | None = None,
+) -> WebhookHttp:
     """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
 
-    ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout.
+    ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout,
+    and, when an enabled mutator needs cluster state, the credentials of the watches (in-cluster
+    ServiceAccount, else $KUBECONFIG). ``transport`` and ``watches`` replace those (tests).
     """
     configure_logging()
     config = load_config() if config is None else config
+    environ = os.environ if environ is None else environ
     engine = Engine(config)
-    recorder = build_recorder(config, os.environ if environ is None else environ)
-    admission = Admission(engine, recorder)
-    return WebhookHttp(admission, ready=recorder.ready, metrics=recorder.metrics_text)
+    recorder = build_recorder(config, environ)
+    watcher = start_watcher(
+        watches_for(config) if watches is None else watches, environ, transport, recorder.metrics.registry
+    )
+    snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
+    admission = Admission(engine, recorder, cluster=snapshot)
+
+    def ready() -> bool:
+        # Not ready until every watch an enabled mutator needs has listed once: a decision over a
+        # half-known cluster would be a guess.
+        return recorder.ready() and (watcher is None or watcher.synced())
+
+    webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text)
+    webhook.watcher = watcher
+    return webhook
+
+
+def start_watcher(
+    specs: tuple[WatchSpec, ...],
+    environ: Mapping[str, str],
+    transport: Transport | None,
+    registry: CollectorRegistry,
+) -> ClusterWatcher | None:
+    """The cluster view's watches, started; None (no thread, no credentials read) when no enabled
+    mutator needs any."""
+    if not specs:
+        return None
+    watched = ", ".join(f"{spec.plural}" + (" (metadata)" if spec.metadata_only else "") for spec in specs)
+    log.info("cluster view: watching %s", watched)
+    watcher = ClusterWatcher(
+        specs, transport if transport is not None else kube_transport(environ), registry=registry
+    )
+    watcher.start()
+    return watcher

@@ -15,10 +15,12 @@ from typing import Any, TextIO
 
 import yaml
 
+from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, OUTCOMES
 from function.engine import Engine
 from function.manifests import DocumentResult, mutate_document
+from function.watch import watches_for
 
 FUNC_SOURCE = Path(__file__).with_name("func.py")
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
@@ -88,18 +90,31 @@ def _report(result: DocumentResult, out: TextIO) -> None:
         print(f"  warning: {warning}", file=out)
 
 
+def _cluster_from(path: str | None, config: Config) -> ClusterView:
+    """The cluster state a decision may read offline: what ``kubectl get pods,replicasets -A -o
+    yaml`` printed, read as the webhook's watches would keep it. None: no state (EMPTY_VIEW)."""
+    if path is None:
+        return EMPTY_VIEW
+    return load_state(path, watches_for(config) or (PODS, REPLICASETS))
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
-        engine = Engine(_config_from(args.config))
+        config = _config_from(args.config)
+        engine = Engine(config)
         documents = _read_documents(args.filename)
+        cluster = _cluster_from(args.cluster, config)
     except ConfigError as error:
         print(error, file=sys.stderr)
+        return 2
+    except StateFileError as error:
+        print(f"castslice mutate: {error}", file=sys.stderr)
         return 2
     except (OSError, yaml.YAMLError) as error:
         print(f"castslice mutate: cannot read {args.filename}: {error}", file=sys.stderr)
         return 2
 
-    results = [mutate_document(engine, i, doc, args.namespace) for i, doc in enumerate(documents)]
+    results = [mutate_document(engine, i, doc, args.namespace, cluster) for i, doc in enumerate(documents)]
     for result in results:
         _report(result, sys.stderr)
 
@@ -243,6 +258,11 @@ def parser() -> argparse.ArgumentParser:
     mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
     mutate.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
     mutate.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    mutate.add_argument(
+        "--cluster",
+        metavar="STATE.yaml",
+        help="cluster state for mutators that need it: the output of kubectl get pods,replicasets -A -o yaml",
+    )
     mutate.set_defaults(run=cmd_mutate)
 
     config = sub.add_parser("config", help="check or show the configuration")

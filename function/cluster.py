@@ -27,8 +27,9 @@ from __future__ import annotations
 import io
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import immutables
@@ -169,6 +170,19 @@ def by_owner(record: Record) -> str:
 
 
 # -- what a plug-in declares ----------------------------------------------------------------------
+def _keep(obj: Mapping[str, Any]) -> Record:
+    return obj
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return _text(_metadata(obj).get("uid"))
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    """The key of a cluster-scoped object looked up by name (a Namespace)."""
+    return _text(_metadata(obj).get("name"))
+
+
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch the edge runs for the enabled plug-ins, and the index it feeds.
@@ -184,12 +198,16 @@ class WatchSpec:
     version: str
     plural: str
     kind: str
-    slim: Callable[[Mapping[str, Any]], Record | None]
-    """Raw object -> small immutable record kept in the index (pure); None: not kept."""
     namespaced: bool = True
     metadata_only: bool = False
     """Watch PartialObjectMetadata (labels, owners, deletion timestamp only): a fraction of the
     bytes and JSON parsing of whole Pods."""
+    slim: Callable[[Mapping[str, Any]], Record | None] = field(default=_keep)
+    """Raw object -> small immutable record kept in the index (pure); None: not kept. The record
+    needs a ``uid`` attribute (its key) unless it is the object itself (the default)."""
+    key: Callable[[Mapping[str, Any]], str] = uid_of
+    """Raw object -> its key in the index: the uid (default), or ``name_of`` for an index that
+    mutators look up by name (Namespaces by their name)."""
     group_by: Callable[[Record], str] | None = None
     """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups."""
     field_selector: str = ""
@@ -243,11 +261,6 @@ REPLICASETS = WatchSpec(
 """ReplicaSets, as ReplicaSetRecords keyed by uid: Pod -> ReplicaSet -> Deployment."""
 
 
-def no_watches(config: object) -> tuple[WatchSpec, ...]:
-    """The default of ``MutatorPlugin.watches``: the plug-in needs no cluster state."""
-    return ()
-
-
 def merge_specs(specs: Iterable[WatchSpec]) -> tuple[WatchSpec, ...]:
     """One spec per index, in first-seen order. ValueError when two specs claim one index name."""
     seen: dict[str, WatchSpec] = {}
@@ -278,6 +291,8 @@ def rbac_rules(specs: Iterable[WatchSpec]) -> list[dict[str, list[str]]]:
 
 # -- the view a mutator reads ---------------------------------------------------------------------
 EMPTY_MAP: immutables.Map[str, Any] = immutables.Map()
+NOTHING: Mapping[str, Any] = MappingProxyType({})
+"""What an unknown index or group reads as (read-only, equal to {})."""
 
 
 class ClusterView(Protocol):
@@ -310,13 +325,16 @@ class IndexState:
     synced: bool = False
 
     @classmethod
-    def build(cls, records: Iterable[Record], spec: WatchSpec | None, *, synced: bool = True) -> IndexState:
-        """An index from records (each record's ``uid`` is its key), grouped as the spec says."""
+    def build(
+        cls, records: Iterable[Record] | Mapping[str, Record], spec: WatchSpec | None, *, synced: bool = True
+    ) -> IndexState:
+        """An index from records (keyed by each record's uid, or by the keys of a mapping),
+        grouped as the spec says."""
         by_uid: dict[str, Record] = {}
         grouped: dict[str, dict[str, Record]] = {}
         group_by = spec.group_by if spec is not None else None
-        for record in records:
-            uid = record_key(record)
+        pairs = records.items() if isinstance(records, Mapping) else ((record_key(r), r) for r in records)
+        for uid, record in pairs:
             by_uid[uid] = record
             if group_by is not None:
                 grouped.setdefault(group_by(record), {})[uid] = record
@@ -326,9 +344,8 @@ class IndexState:
             synced,
         )
 
-    def put(self, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
-        """This index with ``record`` added or replaced: O(log n), sharing the rest."""
-        uid = record_key(record)
+    def put(self, uid: str, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
+        """This index with ``record`` added or replaced under ``uid``: O(log n), sharing the rest."""
         state = self._without(uid, group_by) if uid in self.records else self
         groups = state.groups
         if group_by is not None:
@@ -355,7 +372,8 @@ class IndexState:
 
 
 def record_key(record: Record) -> str:
-    uid = getattr(record, "uid", None)
+    """A record's key: its ``uid`` attribute, or ``metadata.uid`` of a whole object."""
+    uid = _metadata(record).get("uid") if isinstance(record, Mapping) else getattr(record, "uid", None)
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"a cluster-view record needs a non-empty str uid: {record!r}")
     return uid
@@ -376,14 +394,12 @@ class View:
 
     def index(self, name: str) -> Mapping[str, Record]:
         state = self._indices.get(name)
-        return state.records if state is not None else EMPTY_MAP
+        return state.records if state is not None and state.records else NOTHING
 
     def group(self, name: str, key: str) -> Mapping[str, Record]:
         state = self._indices.get(name)
-        if state is None:
-            return EMPTY_MAP
-        members: Mapping[str, Record] = state.groups.get(key, EMPTY_MAP)
-        return members
+        members: Mapping[str, Record] | None = state.groups.get(key) if state is not None else None
+        return members if members else NOTHING
 
     def synced(self, name: str) -> bool:
         state = self._indices.get(name)
@@ -404,21 +420,20 @@ EMPTY_VIEW: ClusterView = View({}, available=False)
 class StaticView(View):
     """A fixed view for tests and ``castslice mutate --cluster``: every given index counts as synced.
 
-    ``indices`` maps an index name to records (an iterable, or a {uid: record} mapping); ``specs``
-    tell which indices are grouped and how (``PODS`` groups by owner).
+    ``indices`` maps an index name to records (an iterable of records with a ``uid``, or a
+    {key: record} mapping); ``specs`` tell which indices are grouped and how (``PODS`` groups by
+    owner).
     """
 
     def __init__(
         self,
         indices: Mapping[str, Iterable[Record] | Mapping[str, Record]],
         specs: Iterable[WatchSpec] = (PODS, REPLICASETS),
+        available: bool = True,
     ) -> None:
         by_name = {spec.index: spec for spec in specs}
-        states = {}
-        for name, records in indices.items():
-            values = records.values() if isinstance(records, Mapping) else records
-            states[name] = IndexState.build(values, by_name.get(name))
-        super().__init__(states, available=True)
+        states = {name: IndexState.build(records, by_name.get(name)) for name, records in indices.items()}
+        super().__init__(states, available=available)
 
 
 # -- offline: a `kubectl get ... -o yaml` file ----------------------------------------------------
@@ -458,12 +473,12 @@ def load_state(
         raise StateFileError(f"cluster state {name}: cannot read it: {error}") from error
     except yaml.YAMLError as error:
         raise StateFileError(f"cluster state {name}: not YAML: {error}") from error
-    loaded: dict[str, list[Record]] = {spec.index: [] for spec in specs}
+    loaded: dict[str, dict[str, Record]] = {spec.index: {} for spec in specs}
     for number, document in enumerate(documents):
         for obj in _objects(document, f"cluster state {name}, document {number}"):
             for spec in specs:
                 if spec.matches(obj):
-                    record = spec.slim(obj)
-                    if record is not None:
-                        loaded[spec.index].append(record)
+                    key, record = spec.key(obj), spec.slim(obj)
+                    if key and record is not None:
+                        loaded[spec.index][key] = record
     return StaticView(loaded, specs)

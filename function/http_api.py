@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from function.admission import Admission
 from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES, METRICS_PATH, MUTATE_PATHS, READYZ_PATH
@@ -50,6 +51,8 @@ class WebhookHttp:
         self.admission = admission
         self.ready = ready
         self.metrics = metrics
+        self.watcher: Any = None
+        """The cluster view's ClusterWatcher when an enabled mutator needs one (its owner stops it)."""
 
     def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
         """``body`` is None when the transport found it larger than MAX_BODY_BYTES. Never raises:

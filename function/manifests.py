@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from function.cluster import EMPTY_VIEW, ClusterView
 from function.engine import Decision, Engine
 from function.mutators.base import RequestContext
 from function.patch import Operation, copy_json, escape
@@ -52,7 +53,11 @@ def _describe_name(document: dict[str, Any]) -> str:
     return str(name)
 
 
-def mutate_document(engine: Engine, index: int, document: Any, default_namespace: str) -> DocumentResult:
+def mutate_document(
+    engine: Engine, index: int, document: Any, default_namespace: str, cluster: ClusterView = EMPTY_VIEW
+) -> DocumentResult:
+    """``cluster``: the state from ``--cluster STATE.yaml``; EMPTY_VIEW (none) makes a mutator that
+    needs the cluster say so instead of guessing."""
     if not isinstance(document, dict):
         return DocumentResult(index, "?", "?", document, None, "not a Kubernetes object: left as is")
     kind = str(document.get("kind", "?"))
@@ -77,7 +82,9 @@ def mutate_document(engine: Engine, index: int, document: Any, default_namespace
     else:
         return DocumentResult(index, kind, name, document, None, f"{kind} creates no Pods: left as is")
 
-    request = RequestContext(uid=f"offline-{index}", namespace=namespace, operation="CREATE", dry_run=True)
+    request = RequestContext(
+        uid=f"offline-{index}", namespace=namespace, operation="CREATE", dry_run=True, cluster=cluster
+    )
     decision = engine.decide(pod, request)
     result = document
     if decision.mutated_pod is not None:

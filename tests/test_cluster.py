@@ -28,6 +28,7 @@ from function.cluster import (
     controller_of,
     load_state,
     merge_specs,
+    name_of,
     rbac_rules,
     slim_pod,
     slim_replicaset,
@@ -141,7 +142,7 @@ def test_rbac_rules_are_list_and_watch_per_group() -> None:
         {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list", "watch"]},
     ]
     nodes = WatchSpec(
-        "nodes", "", "v1", "nodes", "Node", slim_pod, namespaced=False, rbac_verbs=("watch", "list")
+        "nodes", "", "v1", "nodes", "Node", namespaced=False, slim=slim_pod, rbac_verbs=("watch", "list")
     )
     assert rbac_rules([PODS, nodes]) == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}
@@ -150,7 +151,7 @@ def test_rbac_rules_are_list_and_watch_per_group() -> None:
 
 def test_two_different_specs_for_one_index_are_refused() -> None:
     assert merge_specs([PODS, REPLICASETS, PODS]) == (PODS, REPLICASETS)
-    other = WatchSpec("pods", "", "v1", "pods", "Pod", slim_pod)
+    other = WatchSpec("pods", "", "v1", "pods", "Pod", slim=slim_pod)
     with pytest.raises(ValueError, match="two different watches for the cluster-view index 'pods'"):
         merge_specs([PODS, other])
 
@@ -179,8 +180,8 @@ def test_static_view_groups_pods_by_owner() -> None:
 def test_state_updates_leave_earlier_snapshots_untouched() -> None:
     state = IndexState.build([slim_pod(pod("u1", "rs1"))], PODS)
     snapshot = View({"pods": state})
-    moved = state.put(slim_pod(pod("u1", "rs2")), by_owner)
-    added = moved.put(slim_pod(pod("u2", "rs1")), by_owner)
+    moved = state.put("u1", slim_pod(pod("u1", "rs2")), by_owner)
+    added = moved.put("u2", slim_pod(pod("u2", "rs1")), by_owner)
     removed = added.remove("u1", by_owner)
     assert set(snapshot.group("pods", "rs1")) == {"u1"}  # the old snapshot did not change
     assert set(View({"pods": moved}).group("pods", "rs2")) == {"u1"}
@@ -211,7 +212,7 @@ def test_index_state_agrees_with_a_plain_dict_model(ops: list[tuple[bool, int, s
         if is_put:
             record = slim_pod(pod(uid, owner))
             assert record is not None
-            state = state.put(record, by_owner)
+            state = state.put(uid, record, by_owner)
             model[uid] = record
         else:
             state = state.remove(uid, by_owner)
@@ -272,6 +273,24 @@ def test_load_state_accepts_streams_of_objects_and_only_wanted_specs() -> None:
 def test_load_state_names_the_problem(text: str, message: str) -> None:
     with pytest.raises(StateFileError, match=message):
         load_state(io.StringIO(text))
+
+
+def test_an_index_keyed_by_name_holds_any_record() -> None:
+    namespaces = WatchSpec(
+        "namespaces",
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        key=name_of,
+        slim=lambda obj: dict(obj["metadata"].get("labels") or {}),
+    )
+    text = (
+        "kind: List\nitems:\n- {apiVersion: v1, kind: Namespace, metadata: {name: shop, labels: {team: a}}}\n"
+    )
+    view = load_state(io.StringIO(text), [namespaces])
+    assert view.index("namespaces")["shop"] == {"team": "a"}
 
 
 def test_load_state_names_a_missing_file(tmp_path: Path) -> None:
