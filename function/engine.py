@@ -21,8 +21,8 @@ from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
-from function.pod import Pod, cap_warning, labels_of
 from function.placement import scheduling_violations
+from function.pod import Pod, cap_warning, labels_of
 from function.rules import extended_resource_violations
 
 log = logging.getLogger("castslice.engine")
