@@ -22,9 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from function.admission import DecisionRecorder
 from function.cluster import ClusterView
+from function.config import Config
+from function.configtypes import MutatorMode
+from function.engine import Decision
 from function.mutators.spot import LEDGER_INDEX, LedgerEntry
 from function.placement import DECISION_ANNOTATION, controller_of, placement_of
+from function.wire import AdmissionReview
 
 
 class DecisionLedger:
@@ -107,3 +112,36 @@ class ViewWithLedger:
 
     def synced(self, name: str) -> bool:
         return True if name == LEDGER_INDEX else self.view.synced(name)
+
+
+class LedgerRecorder:
+    """A DecisionRecorder that feeds the ledger, then hands the decision on to ``inner`` (audit).
+
+    Only what reached the apiserver is remembered: a ``mutated`` decision (its patch was sent; a
+    shadow mutator's decisions never are) of a request that is no dry run."""
+
+    def __init__(self, inner: DecisionRecorder, ledger: DecisionLedger) -> None:
+        self.inner = inner
+        self.ledger = ledger
+
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+        if decision is not None and decision.outcome == "mutated" and not review.request.dryRun:
+            self.ledger.observe_admitted(decision.mutated_pod)
+        self.inner.record(review, decision)
+
+
+def ledger_for(config: Config) -> DecisionLedger | None:
+    """The ledger when the spot mutator enforces (a shadow one sends nothing to remember), else None."""
+    spot = config.section("spot")
+    if not spot.enabled or spot.mode != MutatorMode.enforce:
+        return None
+    return DecisionLedger(ttl_seconds=spot.cacheTTLSeconds)
+
+
+def with_ledger(
+    snapshot: Callable[[], ClusterView], ledger: DecisionLedger | None
+) -> Callable[[], ClusterView]:
+    """The per-review snapshot, with the ledger's entries added when there is a ledger."""
+    if ledger is None:
+        return snapshot
+    return lambda: ViewWithLedger(snapshot(), ledger.snapshot())
