@@ -13,6 +13,7 @@ nothing, which is what ``reinvocationPolicy: IfNeeded`` needs.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from collections.abc import Mapping
@@ -209,7 +210,7 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [{"matchExpressions": [dict(expression)]}]
+            "nodeSelectorTerms": [{"matchExpressions": [copy.deepcopy(expression)]}]
         }
         return True
     if not isinstance(required, dict) or not isinstance(required.get("nodeSelectorTerms"), list):
@@ -224,7 +225,8 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
         if not isinstance(expressions, list):
             continue
         if expression not in expressions:
-            expressions.append(dict(expression))
+            # A copy per term: terms must not share a values list (a later edit of one would edit all).
+            expressions.append(copy.deepcopy(expression))
             changed = True
     return changed
 

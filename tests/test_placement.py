@@ -299,3 +299,15 @@ def test_scheduling_violations_catch_what_the_apiserver_rejects() -> None:
         "spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm"
     }
     assert p.scheduling_violations(pod(nodeSelector="x")) == {"spec.nodeSelector: must be a map"}
+
+
+def test_anded_terms_share_no_lists() -> None:
+    terms = [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"matchFields": []}]
+    terms.append({"matchExpressions": [{"key": "b", "operator": "Exists"}]})
+    required = {"nodeSelectorTerms": terms}
+    target = pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}})
+    expression = p.KARPENTER.not_spot_expression
+    p.and_into_required_node_affinity(target, expression)
+    first, third = terms[0]["matchExpressions"][-1], terms[2]["matchExpressions"][-1]
+    assert first == third == expression
+    assert first["values"] is not third["values"] and first["values"] is not expression["values"]
