@@ -37,6 +37,11 @@ CONFIGS = {
             "vgpu": {"enabled": True, "denyPrivileged": False, "overwriteEnv": True},
         }
     ),
+    # Spot placement beside slicing, every namespace placed (kube-system on-demand); no cluster view
+    # here, so partial spot would be the hash split: spot's own property test covers the split.
+    "spot": parse_config(
+        {"excludedNamespaces": [], "spot": {"enabled": True, "preset": "allSpotExceptKubeSystem"}}
+    ),
     "vgpu-only": parse_config(
         {"gpuSlicing": {"enabled": False}, "vgpu": {"enabled": True, "forceSchedulerName": True}}
     ),
@@ -100,6 +105,7 @@ annotation_values = {
     "castops.io/workload-type": st.sampled_from(
         ["training", "inference", "batch", "dev", "a", "simulation", ""]
     ),
+    "scheduling.cast.ai/lifecycle": st.sampled_from(["spot", "on-demand", "x"]),
 }
 
 
@@ -127,6 +133,11 @@ def pods(draw: Any) -> dict[str, Any]:
         "annotations": annotations,
         "labels": labels,
     }
+    owner_kind = draw(st.sampled_from([None, "ReplicaSet", "DaemonSet"]))
+    if owner_kind:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": owner_kind, "name": "o", "uid": "owner-1", "controller": True}
+        ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
