@@ -19,6 +19,7 @@ from function.cluster import EMPTY_VIEW, ClusterView, WatchSpec
 from function.config import Config, load_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
+from function.spot_ledger import LedgerRecorder, ledger_for, with_ledger
 from function.watch import ClusterWatcher, Transport, kube_transport, watches_for
 
 log = logging.getLogger("castslice.app")
@@ -55,7 +56,10 @@ def build_webhook(
         watches_for(config) if watches is None else watches, environ, transport, recorder.metrics.registry
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
-    admission = Admission(engine, recorder, cluster=snapshot)
+    # Spot placement: this process's recent decisions join each snapshot until the view shows them.
+    ledger = ledger_for(config)
+    decisions = recorder if ledger is None else LedgerRecorder(recorder, ledger)
+    admission = Admission(engine, decisions, cluster=with_ledger(snapshot, ledger))
 
     def ready() -> bool:
         # Not ready until every watch an enabled mutator needs has listed once: a decision over a

@@ -13,6 +13,7 @@ nothing, which is what ``reinvocationPolicy: IfNeeded`` needs.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ Pod = dict[str, Any]
 
 PLACEMENT_LABEL: Final = "castops.io/placement"
 """The label every Pod placed by the spot mutator carries; its value is a ``Placement``."""
+DECISION_ANNOTATION: Final = "castops.io/placement-decision"
+"""The admission uid of the decision that placed a Pod (the edge matches its recent decisions by it)."""
 SPOT: Final = "spot"
 ON_DEMAND: Final = "on-demand"
 Placement = Literal["spot", "on-demand"]
@@ -207,7 +210,7 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [{"matchExpressions": [dict(expression)]}]
+            "nodeSelectorTerms": [{"matchExpressions": [copy.deepcopy(expression)]}]
         }
         return True
     if not isinstance(required, dict) or not isinstance(required.get("nodeSelectorTerms"), list):
@@ -222,7 +225,8 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
         if not isinstance(expressions, list):
             continue
         if expression not in expressions:
-            expressions.append(dict(expression))
+            # A copy per term: terms must not share a values list (a later edit of one would edit all).
+            expressions.append(copy.deepcopy(expression))
             changed = True
     return changed
 
@@ -439,3 +443,91 @@ def hash_split(key: str, percentage: int) -> Placement:
     bounded = min(max(percentage, 0), 100)
     bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 10_000
     return SPOT if bucket < bounded * 100 else ON_DEMAND
+
+
+# --- the apiserver's rules for what this module writes ----------------------------------------------
+
+
+def _requirement_problems(where: str, requirement: object) -> set[str]:
+    if not isinstance(requirement, dict):
+        return {f"{where}: must be a map"}
+    operator, values = requirement.get("operator"), requirement.get("values")
+    problems = set()
+    key = requirement.get("key")
+    if not isinstance(key, str) or label_key_problem(key):
+        problems.add(f"{where}: key {key!r} is not a valid label key")
+    if operator in ("In", "NotIn"):
+        if not isinstance(values, list) or not values:
+            problems.add(f"{where}: {operator} needs values")
+    elif operator in ("Exists", "DoesNotExist"):
+        if values:
+            problems.add(f"{where}: {operator} takes no values")
+    elif operator in ("Gt", "Lt"):
+        if not isinstance(values, list) or len(values) != 1:
+            problems.add(f"{where}: {operator} needs exactly one value")
+    else:
+        problems.add(f"{where}: operator {operator!r} is not valid")
+    return problems
+
+
+def scheduling_violations(pod: Pod) -> set[str]:
+    """How the Pod's placement fields (labels, tolerations, nodeSelector, node affinity) break the
+    apiserver's validation (ValidatePod in k8s.io/kubernetes/pkg/apis/core/validation), as stable
+    strings; the engine's proof rejects a patch that introduces one."""
+    problems: set[str] = set()
+    metadata = pod.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    for key, value in labels.items() if isinstance(labels, dict) else ():
+        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
+            problems.add(f"metadata.labels[{key}]: not a valid label")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    for key, value in annotations.items() if isinstance(annotations, dict) else ():
+        if not isinstance(value, str):
+            problems.add(f"metadata.annotations[{key}]: must be a string")
+    spec = _spec(pod)
+    if spec is None:
+        return problems
+    selector = spec.get("nodeSelector")
+    if selector is not None and not isinstance(selector, dict):
+        problems.add("spec.nodeSelector: must be a map")
+    for key, value in selector.items() if isinstance(selector, dict) else ():
+        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
+            problems.add(f"spec.nodeSelector[{key}]: not a valid label")
+    tolerations = spec.get("tolerations")
+    for index, toleration in enumerate(tolerations if isinstance(tolerations, list) else ()):
+        where = f"spec.tolerations[{index}]"
+        if not isinstance(toleration, dict):
+            problems.add(f"{where}: must be a map")
+            continue
+        operator = toleration.get("operator", "Equal")
+        if operator not in ("Equal", "Exists", None, ""):
+            problems.add(f"{where}: operator {operator!r} is not valid")
+        if operator == "Exists" and toleration.get("value"):
+            problems.add(f"{where}: Exists takes no value")
+        if not toleration.get("key") and operator != "Exists":
+            problems.add(f"{where}: an empty key needs operator Exists")
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    if not isinstance(node_affinity, dict):
+        return problems
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+        if not isinstance(terms, list) or not terms:
+            problems.add("spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm")
+        for index, term in enumerate(terms if isinstance(terms, list) else ()):
+            expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+            for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
+                where = f"spec.affinity.nodeAffinity.required.terms[{index}].matchExpressions[{number}]"
+                problems |= _requirement_problems(where, requirement)
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for index, term in enumerate(preferred if isinstance(preferred, list) else ()):
+        where = f"spec.affinity.nodeAffinity.preferred[{index}]"
+        weight = term.get("weight") if isinstance(term, dict) else None
+        if not isinstance(weight, int) or not 1 <= weight <= 100:
+            problems.add(f"{where}: weight must be 1-100")
+        preference = term.get("preference") if isinstance(term, dict) else None
+        expressions = preference.get("matchExpressions") if isinstance(preference, dict) else None
+        for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
+            problems |= _requirement_problems(f"{where}.matchExpressions[{number}]", requirement)
+    return problems

@@ -252,3 +252,62 @@ def test_hash_split_is_deterministic_and_near_the_percentage() -> None:
     assert p.hash_split("abc", 100) == "spot"
     spot = sum(p.hash_split(f"uid-{i}", 40) == "spot" for i in range(2000))
     assert 700 <= spot <= 900  # 40 % of 2000 = 800, +-100 is > 4 standard deviations
+
+
+def test_scheduling_violations_catch_what_the_apiserver_rejects() -> None:
+    good = pod(tolerations=[SPOT_TOLERATION], nodeSelector={"scheduling.cast.ai/spot": "true"})
+    good["metadata"]["labels"] = {p.PLACEMENT_LABEL: "spot"}
+    for mode in ("preferred-spot",):
+        p.apply_spot_mode(good, mode, p.KARPENTER)
+    p.and_into_required_node_affinity(good, p.KARPENTER.not_spot_expression)
+    assert p.scheduling_violations(good) == set()
+    bad = pod(
+        tolerations=[
+            {"operator": "Exists", "value": "x"},
+            {"operator": "Equal"},
+            "x",
+            {"key": "k", "operator": "Is"},
+        ],
+        nodeSelector={"bad key": "v", "k": "bad value!"},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "k", "operator": "In", "values": []},
+                                {"key": "k", "operator": "Exists", "values": ["a"]},
+                                {"key": "k", "operator": "Gt", "values": ["1", "2"]},
+                                {"key": "k", "operator": "Near"},
+                                "x",
+                            ]
+                        }
+                    ]
+                },
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}],
+            }
+        },
+    )
+    bad["metadata"].update(labels={"a": 1}, annotations={"b": 2})
+    assert len(p.scheduling_violations(bad)) == 14
+    empty_terms = pod(
+        affinity={
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+        }
+    )
+    assert p.scheduling_violations(empty_terms) == {
+        "spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm"
+    }
+    assert p.scheduling_violations(pod(nodeSelector="x")) == {"spec.nodeSelector: must be a map"}
+
+
+def test_anded_terms_share_no_lists() -> None:
+    terms = [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"matchFields": []}]
+    terms.append({"matchExpressions": [{"key": "b", "operator": "Exists"}]})
+    required = {"nodeSelectorTerms": terms}
+    target = pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}})
+    expression = p.KARPENTER.not_spot_expression
+    p.and_into_required_node_affinity(target, expression)
+    first, third = terms[0]["matchExpressions"][-1], terms[2]["matchExpressions"][-1]
+    assert first == third == expression
+    assert first["values"] is not third["values"] and first["values"] is not expression["values"]

@@ -424,3 +424,22 @@ def test_decision_patch_over_the_wire_names_the_mutation(monkeypatch: pytest.Mon
             "value": {"example.com/a": "b", MARK_ANNOTATION: "wire/4"},
         }
     ]
+
+
+def test_spot_mutator_leaves_a_pod_placed_by_a_podmutation_alone() -> None:
+    both = Engine(parse_config({"podMutations": {"enabled": True}, "spot": {"enabled": True}}))
+    owner = ("ReplicaSet", "rs", "rs-uid")
+    preferred = view(pm("pref", {"spotConfig": {"mode": "preferred-spot"}}))
+    decision = decide(both, pod("p", owner=owner), preferred)
+    spec = decision.mutated_pod["spec"]
+    assert "nodeSelector" not in spec  # spot's only-spot placement did not override preferred-spot
+    assert (
+        spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 1
+    )
+    (spot,) = [d for d in decision.decisions if d.mutator == "spot"]
+    assert spot.action.value == "unchanged" and spot.reason == "placed by podmutation pref/1"
+    # a mutation without spot settings: the spot mutator still places the Pod
+    plain = view(pm("plain", {"labels": {"a": "b"}}))
+    decision = decide(both, pod("p", owner=owner), plain)
+    (spot,) = [d for d in decision.decisions if d.mutator == "spot"]
+    assert spot.action.value == "mutated"

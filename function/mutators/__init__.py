@@ -6,9 +6,11 @@ plug-in, keyed by its ``config_key``.
 
 from __future__ import annotations
 
-from function.mutators import gpu_slicing, pod_mutations, vgpu
+from function.mutators import gpu_slicing, pod_mutations, spot, vgpu
 from function.mutators.registry import MutatorPlugin
 
 PLUGINS: tuple[MutatorPlugin, ...] = tuple(
-    sorted((gpu_slicing.PLUGIN, vgpu.PLUGIN, pod_mutations.PLUGIN), key=lambda plugin: plugin.order)
+    sorted(
+        (gpu_slicing.PLUGIN, vgpu.PLUGIN, pod_mutations.PLUGIN, spot.PLUGIN), key=lambda plugin: plugin.order
+    )
 )
