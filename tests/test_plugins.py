@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import base64
-import collections
 import json
 from pathlib import Path
 from typing import Any
