@@ -148,6 +148,23 @@ class PodMutations:
 
     def __init__(self, config: PodMutationsConfig) -> None:
         self.config = config
+        # The valid mutations of the last index state seen: the view hands out the same immutable
+        # index object until a PodMutation changes, so most reviews skip the sorting-out.
+        self._loaded: tuple[tuple[object, ...], list[CompiledMutation]] = ((), [])
+
+    def _mutations(self, view: ClusterView) -> list[CompiledMutation]:
+        names = (
+            [OUR_MUTATIONS.index, CASTAI_MUTATIONS.index]
+            if self.config.castaiObjects
+            else [OUR_MUTATIONS.index]
+        )
+        indices = tuple(view.index(name) for name in names)
+        key, valid = self._loaded
+        if len(key) == len(indices) and all(a is b for a, b in zip(key, indices, strict=True)):
+            return valid
+        valid, _invalid = loaded_mutations(view, self.config.castaiObjects)
+        self._loaded = (indices, valid)
+        return valid
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         marked = marked_by(pod)
@@ -156,7 +173,7 @@ class PodMutations:
         if labels_of(pod).get(CASTAI_OPT_OUT_LABEL) == "true":
             return MutatorResult.unchanged(f"pod opted out ({CASTAI_OPT_OUT_LABEL}=true)")
         view = ctx.cluster
-        mutations, _invalid = loaded_mutations(view, self.config.castaiObjects)
+        mutations = self._mutations(view)
         if not mutations:
             return MutatorResult.unchanged("no PodMutation loaded")
         workload = workload_of(pod, ctx.namespace, _owner_lookup(view))

@@ -93,7 +93,13 @@ class Rank:
 
 
 def _best(matchers: Sequence[TextMatcher], text: str) -> int:
-    return max((m.level(text) for m in matchers), default=NONE)
+    best = NONE
+    for matcher in matchers:
+        level = matcher.level(text)
+        if level == EXACT:
+            return EXACT
+        best = max(best, level)
+    return best
 
 
 def _labels(rule: LabelRule, labels: Mapping[str, Any]) -> tuple[int, int]:
@@ -134,31 +140,48 @@ def _tolerations(rule: TolerationRule, tolerations: Sequence[Any]) -> int:
     return max(scores, default=NONE)
 
 
+def _pod_parts(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[Any]]:
+    """The Pod's labels and tolerations ({} and [] when absent or malformed)."""
+    metadata = pod.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    spec = pod.get("spec")
+    tolerations = spec.get("tolerations") if isinstance(spec, dict) else None
+    return (labels if isinstance(labels, dict) else {}), (
+        tolerations if isinstance(tolerations, list) else []
+    )
+
+
 def rank(mutation: CompiledMutation, workload: Workload, pod: Mapping[str, Any]) -> Rank | None:
     """How specifically ``mutation`` matches the Pod, or None when it does not match it."""
+    labels, tolerations = _pod_parts(pod)
+    return _rank(mutation, workload, labels, tolerations)
+
+
+def _rank(
+    mutation: CompiledMutation, workload: Workload, labels: Mapping[str, Any], tolerations: list[Any]
+) -> Rank | None:
+    # The cheap, most selective dimensions first: most mutations are rejected by one comparison.
+    namespaces = names = kinds = NONE
+    if mutation.namespaces:
+        namespaces = _best(mutation.namespaces, workload.namespace)
+        if not namespaces:
+            return None
+    if mutation.kinds:
+        kinds = _best(mutation.kinds, workload.kind)
+        if not kinds:
+            return None
+    if mutation.names:
+        names = _best(mutation.names, workload.name)
+        if not names:
+            return None
     if (
-        _best(mutation.exclude_namespaces, workload.namespace)
-        or _best(mutation.exclude_names, workload.name)
-        or _best(mutation.exclude_kinds, workload.kind)
+        (mutation.exclude_namespaces and _best(mutation.exclude_namespaces, workload.namespace))
+        or (mutation.exclude_names and _best(mutation.exclude_names, workload.name))
+        or (mutation.exclude_kinds and _best(mutation.exclude_kinds, workload.kind))
     ):
         return None
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
-    labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
-    assert isinstance(labels, Mapping)
     if mutation.exclude_labels is not None and _labels(mutation.exclude_labels, labels)[0]:
         return None
-    scores: dict[str, int] = {}
-    for dimension, text in (
-        ("names", workload.name),
-        ("kinds", workload.kind),
-        ("namespaces", workload.namespace),
-    ):
-        matchers: tuple[TextMatcher, ...] = getattr(mutation, dimension)
-        if matchers:
-            scores[dimension] = _best(matchers, text)
-            if not scores[dimension]:
-                return None
     label_score, hits = NONE, 0
     if mutation.labels is not None:
         label_score, hits = _labels(mutation.labels, labels)
@@ -166,21 +189,10 @@ def rank(mutation: CompiledMutation, workload: Workload, pod: Mapping[str, Any])
             return None
     toleration_score = NONE
     if mutation.tolerations is not None:
-        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        assert isinstance(spec, Mapping)
-        tolerations = spec.get("tolerations") if isinstance(spec.get("tolerations"), list) else []
-        assert isinstance(tolerations, list)
         toleration_score = _tolerations(mutation.tolerations, tolerations)
         if not toleration_score:
             return None
-    return Rank(
-        names=scores.get("names", NONE),
-        labels=label_score,
-        label_hits=hits,
-        tolerations=toleration_score,
-        kinds=scores.get("kinds", NONE),
-        namespaces=scores.get("namespaces", NONE),
-    )
+    return Rank(names, label_score, hits, toleration_score, kinds, namespaces)
 
 
 @dataclass(frozen=True)
@@ -209,8 +221,9 @@ class Selection:
 
 def select(mutations: Iterable[CompiledMutation], workload: Workload, pod: Mapping[str, Any]) -> Selection:
     found = []
+    labels, tolerations = _pod_parts(pod)
     for mutation in mutations:
-        found_rank = rank(mutation, workload, pod)
+        found_rank = _rank(mutation, workload, labels, tolerations)
         if found_rank is not None:
             found.append(Candidate(mutation, found_rank))
     # Highest rank first; equal ranks by name, ours before CAST AI's.
