@@ -873,3 +873,26 @@ def test_a_patch_that_would_make_the_pod_invalid_is_not_applied(patch: dict[str,
         and "the Pod would be invalid" in done.warnings[0]
         and problem in done.warnings[0]
     )
+
+
+def test_anded_expressions_are_copied_per_term_never_shared() -> None:
+    m = mutation("t", {"nodeTemplatesToConsolidate": ["a", "b"]})
+    two_terms = {"matchExpressions": [{"key": "x", "operator": "Exists"}]}
+    p = pod(
+        spec={
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [copy.deepcopy(two_terms), copy.deepcopy(two_terms)]
+                    }
+                }
+            }
+        }
+    )
+    out, _ = run(m, p)
+    first, second = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert first == second
+    assert first["matchExpressions"][1] is not second["matchExpressions"][1]
+    assert first["matchExpressions"][1]["values"] is not second["matchExpressions"][1]["values"]

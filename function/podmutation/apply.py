@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from function.patch import copy_json
 from function.placement import (
     CASTAI,
     PLACEMENT_LABEL,
@@ -135,7 +136,7 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
                     for expression in term.get(part, []):
                         items = merged.setdefault(part, [])
                         if expression not in items:
-                            items.append(dict(expression))
+                            items.append(copy_json(expression))  # one object per term, never shared
                 new_terms.append(merged)
     before = existing if isinstance(existing, list) else None
     if before == new_terms:
@@ -147,7 +148,8 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
 
 
 def _term_copy(term: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: [dict(e) for e in v] if isinstance(v, list) else v for k, v in term.items()}
+    copied: dict[str, Any] = copy_json(dict(term))
+    return copied
 
 
 def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) -> bool:
