@@ -852,16 +852,20 @@ def test_test_past_the_end_fails_the_list() -> None:
 @pytest.mark.parametrize(
     ("patch", "problem"),
     [
-        ({"op": "add", "path": "/metadata/labels", "value": {"app": {"x": 1}}}, "metadata.labels['app']"),
+        (
+            {"op": "add", "path": "/metadata/labels", "value": {"app": {"x": 1}}},
+            "metadata.labels[app]: not a valid label",
+        ),
         (
             {"op": "add", "path": "/metadata/labels", "value": {"app": "not a label value!"}},
-            "is not a label value",
+            "metadata.labels[app]",
         ),
-        ({"op": "add", "path": "/spec/nodeSelector", "value": ["x"]}, "spec.nodeSelector must be a map"),
+        ({"op": "add", "path": "/spec/nodeSelector", "value": ["x"]}, "spec.nodeSelector: must be a map"),
         (
             {"op": "add", "path": "/spec/tolerations", "value": ["x"]},
-            "spec.tolerations must be a list of objects",
+            "spec.tolerations[0]: must be a map",
         ),
+        ({"op": "add", "path": "/spec/tolerations", "value": [{"value": "x"}]}, "spec.tolerations[0]"),
         ({"op": "replace", "path": "/spec", "value": 1}, "metadata and spec must stay objects"),
     ],
 )

@@ -443,3 +443,13 @@ def test_spot_mutator_leaves_a_pod_placed_by_a_podmutation_alone() -> None:
     decision = decide(both, pod("p", owner=owner), plain)
     (spot,) = [d for d in decision.decisions if d.mutator == "spot"]
     assert spot.action.value == "mutated"
+
+
+def test_skipped_extended_paths_are_recorded_in_the_decision() -> None:
+    spec = {"patches": [{"op": "replace", "path": "/spec/tolerations/[key=absent]/value", "value": "x"}]}
+    decision = decide(engine(), pod(), view(pm("skips", spec)))
+    (part,) = [d for d in decision.decisions if d.mutator == "pod-mutations"]
+    assert part.reason.endswith(
+        "; skipped: patches [0] replace /spec/tolerations/[key=absent]/value: selects nothing"
+    )
+    assert not decision.warnings

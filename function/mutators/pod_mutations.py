@@ -194,8 +194,8 @@ class PodMutations:
             warnings.append(_short(f"{label} chosen by name over equally specific {others}"))
         changes = "; ".join(done.changes + done.warnings) or "no change but the mark"
         reason = f"{label} for {describe_workload(workload)}: {changes}"
-        if done.notes:
-            reason += f" ({len(done.notes)} extended path(s) selected nothing)"
+        if done.notes:  # extended paths that selected nothing: skipped, and said so
+            reason += "; skipped: " + "; ".join(done.notes)
         return MutatorResult.mutated(reason, *warnings)
 
 

@@ -25,9 +25,8 @@ from function.placement import (
     Placement,
     SiblingCounts,
     apply_spot_mode,
-    label_key_problem,
-    label_value_problem,
     partial_split,
+    scheduling_violations,
 )
 from function.podmutation.compiled import CompiledMutation, Group
 from function.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
@@ -162,37 +161,21 @@ def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) 
     return changed
 
 
-def pod_shape_problem(pod: Any) -> str | None:
-    """What the apiserver would refuse in the parts of a Pod patches commonly touch (labels,
-    annotations, nodeSelector, tolerations), or None. Not a full Pod validation: a check that keeps
-    the usual patch mistakes from turning into a rejected Pod."""
+def pod_shape_problem(pod: Any, before: Any = None) -> str | None:
+    """What the apiserver would refuse in the Pod's placement fields (labels, annotations,
+    nodeSelector, tolerations, node affinity: ``placement.scheduling_violations``) that ``before``
+    did not already have, or None. Not a full Pod validation: a check that keeps the usual patch
+    mistakes from turning into a patch the engine must withhold."""
     if (
         not isinstance(pod, dict)
         or not isinstance(pod.get("metadata"), dict)
         or not isinstance(pod.get("spec"), dict)
     ):
         return "metadata and spec must stay objects"
-    metadata, spec = pod["metadata"], pod["spec"]
-    for where, mapping, values_are_labels in (
-        ("metadata.labels", metadata.get("labels"), True),
-        ("metadata.annotations", metadata.get("annotations"), False),
-        ("spec.nodeSelector", spec.get("nodeSelector"), True),
-    ):
-        if mapping is None:
-            continue
-        if not isinstance(mapping, dict):
-            return f"{where} must be a map of strings"
-        for key, value in mapping.items():
-            if not isinstance(value, str) or label_key_problem(key):
-                return f"{where}[{key!r}] is not a valid key with a string value"
-            if values_are_labels and label_value_problem(value):
-                return f"{where}[{key!r}]: {value!r} is not a label value"
-    tolerations = spec.get("tolerations")
-    if tolerations is not None and not (
-        isinstance(tolerations, list) and all(isinstance(t, dict) for t in tolerations)
-    ):
-        return "spec.tolerations must be a list of objects"
-    return None
+    introduced = scheduling_violations(pod) - (
+        scheduling_violations(before) if isinstance(before, dict) else set()
+    )
+    return "; ".join(sorted(introduced)) or None
 
 
 def _run_sequences(
@@ -205,7 +188,7 @@ def _run_sequences(
         if outcome.document is None:
             done.warnings.append(f"{label} not applied: {outcome.error}")
             continue
-        problem = pod_shape_problem(outcome.document)
+        problem = pod_shape_problem(outcome.document, pod)
         if problem:
             done.warnings.append(f"{label} not applied: the Pod would be invalid: {problem}")
             continue
