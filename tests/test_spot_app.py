@@ -4,7 +4,9 @@ ledger keeps a burst at the floor, dry runs and shadow decisions are not remembe
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -86,3 +88,45 @@ def test_shadow_mode_sends_no_patch_and_remembers_nothing(api: FakeApiServer) ->
         for _ in range(3):
             answer = json.loads(webhook.handle("POST", "/mutate", review_for(owner)).body)["response"]
             assert answer["allowed"] is True and "patch" not in answer
+
+
+def test_concurrent_reviews_of_siblings_take_turns_and_stay_at_the_floor(api: FakeApiServer) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    owner = str(uuid.uuid4())
+    for webhook in webhook_for(api, {"preset": "partialSpot"}):
+        def slow_snapshot(taken: Any = webhook.admission.cluster) -> Any:
+            view = taken()
+            time.sleep(0.005)  # widen the race: without turns, concurrent reviews read the same ledger
+            return view
+
+        webhook.admission.cluster = slow_snapshot
+        bodies = [review_for(owner) for _ in range(20)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            got = list(pool.map(functools.partial(placed, webhook), bodies))
+        assert got.count("spot") == 8 and got.count("on-demand") == 12
+
+
+def test_turns_survive_a_review_that_never_records() -> None:
+    import threading
+
+    from function.spot_ledger import DecisionTurns
+
+    turns = DecisionTurns(wait_seconds=0.05)
+    turns.begin()
+    turns.begin()  # the same thread again (its last review never recorded): no deadlock
+    waited: list[bool] = []
+
+    def other() -> None:
+        turns.begin()  # times out and goes on without the turn
+        waited.append(True)
+        turns.end()  # holds nothing: releases nothing
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(5)
+    assert waited == [True]
+    turns.end()
+    turns.end()  # a second end is harmless
+    turns.begin()  # free again
+    turns.end()
