@@ -95,6 +95,7 @@ def test_concurrent_reviews_of_siblings_take_turns_and_stay_at_the_floor(api: Fa
 
     owner = str(uuid.uuid4())
     for webhook in webhook_for(api, {"preset": "partialSpot"}):
+
         def slow_snapshot(taken: Any = webhook.admission.cluster) -> Any:
             view = taken()
             time.sleep(0.005)  # widen the race: without turns, concurrent reviews read the same ledger
