@@ -125,6 +125,14 @@ def test_the_webhook_namespace_is_left_alone() -> None:
     assert "webhook's own" in reason
 
 
+def test_a_pod_template_is_left_alone_even_with_a_controller() -> None:
+    template = rs_pod()
+    del template["metadata"]["generateName"]
+    assert "a Pod template" in unchanged(spot_mutator(), template)
+    template["metadata"]["name"] = "web-0"  # a StatefulSet's Pod has a name: placed
+    assert decide(spot_mutator(), template)[0] == "spot"
+
+
 def test_only_create_is_placed() -> None:
     assert "UPDATE" in unchanged(spot_mutator(), rs_pod(), Ctx(operation="UPDATE"))
 

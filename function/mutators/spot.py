@@ -375,6 +375,12 @@ class Spot:
             return f"{ctx.operation}: only Pod creation is placed"
         if namespace == self.own_namespace:
             return f"namespace {namespace} is the webhook's own"
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        if not metadata.get("name") and not metadata.get("generateName"):
+            # The apiserver creates no Pod without one of them: this is a workload's Pod template
+            # (castslice mutate), and a placement label there would pin every Pod to one placement.
+            return "a Pod template (no name or generateName): placed per Pod when each is created"
         if controller_of(pod) is None and not self.config.placeBarePods:
             return "bare Pod (no controller): left alone (placeBarePods: false)"
         for index, term in enumerate(self.config.ignorePods):
