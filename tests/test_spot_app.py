@@ -131,3 +131,45 @@ def test_turns_survive_a_review_that_never_records() -> None:
     turns.end()  # a second end is harmless
     turns.begin()  # free again
     turns.end()
+
+
+def store(api: FakeApiServer, body: bytes, webhook: WebhookHttp) -> str | None:
+    """Admit a Pod through ``webhook`` and store it as the apiserver would (the watches see it)."""
+    answer = json.loads(webhook.handle("POST", "/mutate", body).body)["response"]
+    pod = json.loads(body)["request"]["object"]
+    if "patch" in answer:
+        pod = jsonpatch.JsonPatch(json.loads(base64.b64decode(answer["patch"]))).apply(pod)
+    pod["metadata"]["uid"] = str(uuid.uuid4())
+    pod["metadata"]["name"] = pod["metadata"]["generateName"] + pod["metadata"]["uid"][:5]
+    api.put(PODS.path(), pod)
+    value = pod["metadata"].get("labels", {}).get(PLACEMENT_LABEL)
+    return value if isinstance(value, str) else None
+
+
+def test_two_processes_behind_one_address_share_a_burst_within_the_worst_case(api: FakeApiServer) -> None:
+    """Two webhooks (as two serving processes: each its own watches and ledger) share a 0 -> 20
+    burst, created as the ReplicaSet controller does (slow start: 1, 2, 4, 8, 5 at once, requests
+    alternating between the processes). Each stored Pod reaches both views through the watch.
+    The split is not exact: each process counts the other's Pods only once its watch shows them.
+    The deviation is printed; the bound asserted is the worst case, each process at its own floor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    owner = str(uuid.uuid4())
+    first = webhook_for(api, {"preset": "partialSpot"})
+    second = webhook_for(api, {"preset": "partialSpot"})
+    processes = [next(first), next(second)]
+    try:
+        got: list[str | None] = []
+        sent = 0
+        for batch in (1, 2, 4, 8, 5):
+            bodies = [(review_for(owner), processes[(sent + i) % 2]) for i in range(batch)]
+            sent += batch
+            with ThreadPoolExecutor(max_workers=batch) as pool:
+                got += pool.map(lambda job: store(api, *job), bodies)
+        spot = got.count("spot")
+        print(f"\n[spot] two processes, 0->20 at once: {spot} spot (target 8, deviation {spot - 8:+d})")
+        assert got.count("spot") + got.count("on-demand") == 20
+        assert 8 <= spot <= 16
+    finally:
+        for generator in (first, second):
+            generator.close()
