@@ -110,7 +110,7 @@ def controller_of(metadata: Mapping[str, Any]) -> Owner:
             return Owner(
                 _interned(reference.get("uid")),
                 _interned(reference.get("kind")),
-                _text(reference.get("name")),
+                _interned(reference.get("name")),
             )
     return NO_OWNER
 

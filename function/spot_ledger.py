@@ -15,6 +15,7 @@ oldest go first).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -30,6 +31,8 @@ from function.engine import Decision
 from function.mutators.spot import LEDGER_INDEX, LedgerEntry
 from function.placement import DECISION_ANNOTATION, controller_of, placement_of
 from function.wire import AdmissionReview
+
+log = logging.getLogger("castslice.spot")
 
 
 class DecisionLedger:
@@ -114,19 +117,55 @@ class ViewWithLedger:
         return True if name == LEDGER_INDEX else self.view.synced(name)
 
 
+class DecisionTurns:
+    """One review at a time from taking the snapshot to recording the decision, in this process.
+
+    Two concurrent reviews of sibling Pods would otherwise both read the ledger before either
+    decision is in it, and both go to spot where only one may. A decision takes well under a
+    millisecond, so the turns cost little. Robust to a review that never records (an exception
+    between snapshot and recording): the same thread's next turn releases it, and another thread
+    waits at most ``wait_seconds`` before deciding without a turn (then it can overshoot, as two
+    processes can)."""
+
+    def __init__(self, wait_seconds: float = 0.5) -> None:
+        self.wait_seconds = wait_seconds
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    def begin(self) -> None:
+        if getattr(self._mine, "held", False):
+            return  # this thread's previous review never recorded: it keeps the turn
+        if self._lock.acquire(timeout=self.wait_seconds):
+            self._mine.held = True
+        else:
+            log.warning("spot decision without a turn: another review held it over %.1f s", self.wait_seconds)
+
+    def end(self) -> None:
+        if getattr(self._mine, "held", False):
+            self._mine.held = False
+            self._lock.release()
+
+
 class LedgerRecorder:
     """A DecisionRecorder that feeds the ledger, then hands the decision on to ``inner`` (audit).
 
     Only what reached the apiserver is remembered: a ``mutated`` decision (its patch was sent; a
-    shadow mutator's decisions never are) of a request that is no dry run."""
+    shadow mutator's decisions never are) of a request that is no dry run. Ends the review's turn."""
 
-    def __init__(self, inner: DecisionRecorder, ledger: DecisionLedger) -> None:
+    def __init__(
+        self, inner: DecisionRecorder, ledger: DecisionLedger, turns: DecisionTurns | None = None
+    ) -> None:
         self.inner = inner
         self.ledger = ledger
+        self.turns = turns
 
     def record(self, review: AdmissionReview, decision: Decision | None) -> None:
-        if decision is not None and decision.outcome == "mutated" and not review.request.dryRun:
-            self.ledger.observe_admitted(decision.mutated_pod)
+        try:
+            if decision is not None and decision.outcome == "mutated" and not review.request.dryRun:
+                self.ledger.observe_admitted(decision.mutated_pod)
+        finally:
+            if self.turns is not None:
+                self.turns.end()
         self.inner.record(review, decision)
 
 
@@ -139,9 +178,16 @@ def ledger_for(config: Config) -> DecisionLedger | None:
 
 
 def with_ledger(
-    snapshot: Callable[[], ClusterView], ledger: DecisionLedger | None
+    snapshot: Callable[[], ClusterView], ledger: DecisionLedger | None, turns: DecisionTurns | None = None
 ) -> Callable[[], ClusterView]:
-    """The per-review snapshot, with the ledger's entries added when there is a ledger."""
+    """The per-review snapshot, with the ledger's entries added when there is a ledger; with
+    ``turns``, the review holds its turn from here until LedgerRecorder records its decision."""
     if ledger is None:
         return snapshot
-    return lambda: ViewWithLedger(snapshot(), ledger.snapshot())
+
+    def view() -> ClusterView:
+        if turns is not None:
+            turns.begin()
+        return ViewWithLedger(snapshot(), ledger.snapshot())
+
+    return view

@@ -158,6 +158,7 @@ class ClusterWatcher:
         self._last_event: dict[str, float] = {}
         self._lists_done: dict[str, int] = {spec.index: 0 for spec in self.specs}
         self._synced_event = threading.Event()
+        self._requests = 0
         if not self.specs:
             self._synced_event.set()
         for spec in self.specs:
@@ -179,6 +180,10 @@ class ClusterWatcher:
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced_event.wait(timeout)
+
+    def api_requests(self) -> int:
+        """Requests made to the apiserver so far (all by the watch threads; reviews make none)."""
+        return self._requests
 
     def metrics_text(self) -> bytes:
         return generate_latest(self.registry)
@@ -214,24 +219,36 @@ class ClusterWatcher:
         version: str | None = None
         delay = self._backoff[0]
         while not self._stop.is_set():
+            began = time.monotonic()
+            listed = False
             try:
                 if version is None:
                     version = self._list(spec)
+                    listed = True
+                version, events = self._watch(spec, version)
+                if events or time.monotonic() - began > 1.0:
                     delay = self._backoff[0]
-                version = self._watch(spec, version)
-                delay = self._backoff[0]
+                    continue
+                # A watch the server closed at once with nothing in it: do not spin on it.
+                delay = self._pause(spec, delay, "the watch closed at once")
             except Gone:
                 log.info("view %s: resourceVersion expired (410 Gone): listing again", spec.index)
                 version = None
+                if listed:  # even a fresh list's version is gone: something is off, slow down
+                    delay = self._pause(spec, delay, "410 Gone right after a list")
             except Exception as error:  # noqa: BLE001 - any failure: back off, resume (or relist if never listed)
                 if self._stop.is_set():
                     return
                 self.metrics.errors.labels(spec.index).inc()
-                # Full jitter: many webhook replicas reconnecting after an apiserver restart spread out.
-                wait = random.uniform(0, delay)
-                log.warning("view %s: %s; retrying in %.1fs", spec.index, error, wait)
-                delay = min(delay * 2, self._backoff[1])
-                self._stop.wait(wait)
+                delay = self._pause(spec, delay, str(error))
+
+    def _pause(self, spec: WatchSpec, delay: float, why: str) -> float:
+        """Wait a random time up to ``delay`` (full jitter: webhook replicas reconnecting after an
+        apiserver restart spread out); return the next, doubled, delay."""
+        wait = random.uniform(0, delay)
+        log.warning("view %s: %s; retrying in %.1fs", spec.index, why, wait)
+        self._stop.wait(wait)
+        return min(delay * 2, self._backoff[1])
 
     def _get(self, spec: WatchSpec, verb: str, query: dict[str, str], read_timeout: float) -> Response:
         if spec.field_selector:
@@ -242,6 +259,8 @@ class ClusterWatcher:
             else "application/json"
         )
         self.metrics.requests.labels(spec.index, verb).inc()
+        with self._publish_lock:
+            self._requests += 1
         response = self.transport.get(spec.path(), query, accept, read_timeout)
         if response.status != 200:
             # Read the (small Status) body before the connection goes back to the pool: an unread
@@ -292,8 +311,9 @@ class ClusterWatcher:
         log.info("view %s: listed %d objects at resourceVersion %s", spec.index, len(records), version)
         return version
 
-    def _watch(self, spec: WatchSpec, version: str) -> str:
-        """Apply watch events until the server closes the stream; return the last resourceVersion."""
+    def _watch(self, spec: WatchSpec, version: str) -> tuple[str, int]:
+        """Apply watch events until the server closes the stream; return the last resourceVersion
+        and how many events (bookmarks included) arrived."""
         timeout = random.randint(*self._watch_seconds)
         query = {
             "watch": "1",
@@ -306,17 +326,19 @@ class ClusterWatcher:
         try:
             # stop() sets the flag before it interrupts what is in _open: checked after registering,
             # a stop that came while the request was on its way is never missed.
+            events = 0
             if self._stop.is_set():
-                return version
+                return version, events
             for line in _lines(response):
                 if self._stop.is_set():
                     break
                 if line.strip():
                     version = self._apply(spec, json.loads(line), version)
+                    events += 1
         finally:
             self._open.pop(spec.index, None)
             response.release_conn()
-        return version
+        return version, events
 
     def _apply(self, spec: WatchSpec, event: Mapping[str, Any], version: str) -> str:
         kind = event.get("type")

@@ -281,7 +281,9 @@ def spot_pods(draw: Any) -> dict[str, Any]:
         ]
     if annotations or draw(st.booleans()):
         metadata["annotations"] = annotations
-    labels = draw(st.sampled_from([None, {}, {"app": "web"}, {"castops.io/placement": "spot"}]))
+    elif draw(st.integers(0, 9)) == 0:
+        metadata["annotations"] = None  # null, as some clients send it
+    labels = draw(st.sampled_from([None, {}, {"app": "web"}, {"castops.io/placement": "spot"}, "junk"]))
     if labels is not None:
         metadata["labels"] = labels
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
@@ -336,7 +338,7 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
 ) -> None:
     from function.mutators.spot import LedgerEntry, Spot, SpotConfig
     from function.patch import copy_json, diff, prove
-    from function.placement import scheduling_violations
+    from function.placement import placement_of, scheduling_violations
     from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
 
     config = SpotConfig(
@@ -365,8 +367,8 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
         return
 
     # The floor: a percentage decision from a synced view never takes spot above floor(n x p / 100).
-    placed = working.get("metadata", {}).get("labels", {}).get("castops.io/placement")
-    annotated = pod.get("metadata", {}).get("annotations", {}).get("scheduling.cast.ai/spot-percentage")
+    placed = placement_of(working)
+    annotated = (pod["metadata"].get("annotations") or {}).get("scheduling.cast.ai/spot-percentage")
     if view == "synced" and placed == "spot" and "spotPercentageOfReplicaSet" in result.reason:
         spot_now = spot + pending.count("spot") + 1
         n = spot + on_demand + unplaced + len(pending) + 1

@@ -125,6 +125,14 @@ def test_the_webhook_namespace_is_left_alone() -> None:
     assert "webhook's own" in reason
 
 
+def test_a_pod_template_is_left_alone_even_with_a_controller() -> None:
+    template = rs_pod()
+    del template["metadata"]["generateName"]
+    assert "a Pod template" in unchanged(spot_mutator(), template)
+    template["metadata"]["name"] = "web-0"  # a StatefulSet's Pod has a name: placed
+    assert decide(spot_mutator(), template)[0] == "spot"
+
+
 def test_only_create_is_placed() -> None:
     assert "UPDATE" in unchanged(spot_mutator(), rs_pod(), Ctx(operation="UPDATE"))
 
@@ -512,3 +520,28 @@ def test_the_reason_names_the_replicaset_desired_count() -> None:
     )
     _, reason = decide(spot_mutator(spotPercentageOfReplicaSet=40), rs_pod(), Ctx(cluster=view))
     assert "for ReplicaSet web-58c67d7989 (wants 10): siblings 0 spot" in reason
+
+
+def test_malformed_labels_or_annotations_are_left_for_the_apiserver_and_reported_honestly() -> None:
+    for field in ("labels", "annotations"):
+        pod = rs_pod()
+        pod["metadata"][field] = "junk"
+        result, after = run(spot_mutator(), pod)
+        # the placement fields are written, the malformed map is not touched (nor created beside it)
+        assert after["metadata"][field] == "junk"
+        assert result.action.value == "mutated" and after["spec"]["nodeSelector"] == SPOT_SELECTOR
+        other = "annotations" if field == "labels" else "labels"
+        assert other not in after["metadata"]
+
+
+def test_a_sticky_pod_missing_only_its_decision_uid_says_what_changed() -> None:
+    pod = rs_pod(
+        labels={PLACEMENT_LABEL: "spot"},
+        annotations={POD_DELETION_COST: "-100"},
+        tolerations=[SPOT_TOLERATION],
+        nodeSelector=SPOT_SELECTOR,
+    )
+    result, after = run(spot_mutator(), pod)
+    assert result.action.value == "mutated"
+    assert result.reason.endswith("annotation castops.io/placement-decision")
+    assert after["metadata"]["annotations"][DECISION_ANNOTATION] == "req-1"

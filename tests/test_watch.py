@@ -245,3 +245,28 @@ def test_stop_ends_an_idle_watch_promptly(api: FakeApiServer) -> None:
     watcher.stop(timeout=5)
     assert time.monotonic() - began < 2
     assert not any(thread.is_alive() for thread in watcher._threads)
+
+
+def test_a_version_gone_right_after_listing_backs_off_instead_of_spinning(
+    api: FakeApiServer, watchers: list[ClusterWatcher]
+) -> None:
+    api.oldest = 10**9  # every watch is 410 Gone, even from a fresh list
+    watcher = started(api, backoff=(0.2, 0.2))
+    watchers.append(watcher)
+    assert watcher.wait_synced(5)
+    time.sleep(1.0)
+    assert 2 <= len(api.requests("list")) <= 15  # ~1 every 0.1 s on average, not hundreds
+
+
+def test_a_watch_closed_at_once_backs_off_instead_of_spinning(
+    api: FakeApiServer, watchers: list[ClusterWatcher]
+) -> None:
+    watcher = started(api, backoff=(0.2, 0.2))
+    watchers.append(watcher)
+    assert watcher.wait_synced(5)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # the server ends every watch as soon as it opens
+        api.drop_watches()
+        time.sleep(0.005)
+    assert len(api.requests("watch")) <= 20
+    assert len(api.requests("list")) == 1  # resumed, never relisted

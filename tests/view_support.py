@@ -61,6 +61,7 @@ class FakeApiServer:
         self.bookmark_every_event = False
         self.seen: list[Seen] = []
         self._generation = 0  # bumping it ends every open watch stream
+        self._sorted: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self.server = server
@@ -113,6 +114,15 @@ class FakeApiServer:
         with self.lock:
             self._generation += 1
             self.lock.notify_all()
+
+    def sorted_items(self, path: str) -> list[dict[str, Any]]:
+        """The objects in name order, sorted once per resourceVersion (paging 100k objects in
+        pages of 500 must not sort 200 times)."""
+        cached = self._sorted.get(path)
+        if cached is None or cached[0] != self.version:
+            items = sorted(self.objects.get(path, {}).values(), key=lambda o: o["metadata"]["name"])
+            cached = self._sorted[path] = (self.version, items)
+        return cached[1]
 
     def requests(self, verb: str = "") -> list[Seen]:
         with self.lock:
@@ -168,7 +178,7 @@ class FakeApiServer:
                         fake.expire_continue -= 1
                         self._json(410, {"kind": "Status", "code": 410, "reason": "Expired"})
                         return
-                    items = sorted(fake.objects.get(path, {}).values(), key=lambda o: o["metadata"]["name"])
+                    items = fake.sorted_items(path)
                     start, _, version = (query.get("continue") or f"0::{fake.version}").partition("::")
                     limit = int(query.get("limit") or len(items) or 1)
                     page = items[int(start) : int(start) + limit]

@@ -326,9 +326,9 @@ class BadAnnotation(Exception):
 
 @dataclass(frozen=True)
 class Choice:
-    """What the rules decided: a placement (or DaemonSet toleration only), and the rule, for the reason."""
+    """What the rules decided: a placement, and the rule (for the reason)."""
 
-    placement: Placement | Literal["toleration-only"]
+    placement: Placement
     rule: str
 
 
@@ -367,7 +367,6 @@ class Spot:
             return MutatorResult.unchanged(f"{bad.message}; Pod not placed", bad.warning)
         if choice is None:
             return MutatorResult.unchanged("no rule matched and defaultToSpot is false: left alone")
-        assert choice.placement != "toleration-only"
         return self._place(pod, ctx, choice.placement, choice.rule)
 
     def _left_alone(self, pod: Pod, ctx: RequestContext, namespace: str) -> str | None:
@@ -381,6 +380,12 @@ class Spot:
             return f"placed by podmutation {mutation}"
         if namespace == self.own_namespace:
             return f"namespace {namespace} is the webhook's own"
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        if not metadata.get("name") and not metadata.get("generateName"):
+            # The apiserver creates no Pod without one of them: this is a workload's Pod template
+            # (castslice mutate), and a placement label there would pin every Pod to one placement.
+            return "a Pod template (no name or generateName): placed per Pod when each is created"
         if controller_of(pod) is None and not self.config.placeBarePods:
             return "bare Pod (no controller): left alone (placeBarePods: false)"
         for index, term in enumerate(self.config.ignorePods):
@@ -471,29 +476,30 @@ class Spot:
         return MutatorResult.mutated(f"{placement}: {rule}; {done}")
 
     def _mark(self, pod: Pod, ctx: RequestContext, placement: Placement) -> str | None:
+        """Label, decision uid and deletion cost; what changed, or None. A malformed metadata part
+        (labels or annotations not a map) is left for the apiserver and nothing is marked."""
         metadata = pod.get("metadata")
         if not isinstance(metadata, dict):
             return None
-        labels = metadata.get("labels")
-        if labels is None:
-            labels = metadata["labels"] = {}
-        annotations = metadata.get("annotations")
-        if annotations is None:
-            annotations = metadata["annotations"] = {}
-        if not isinstance(labels, dict) or not isinstance(annotations, dict):
+        if not all(isinstance(metadata.get(key), dict | None) for key in ("labels", "annotations")):
             return None
+        labels: dict[str, Any] = metadata.get("labels") or {}
+        annotations: dict[str, Any] = metadata.get("annotations") or {}
         done = []
         if labels.get(PLACEMENT_LABEL) != placement:
             labels[PLACEMENT_LABEL] = placement
             done.append(f"label {PLACEMENT_LABEL}={placement}")
-        if ctx.uid and DECISION_ANNOTATION not in annotations:
-            annotations[DECISION_ANNOTATION] = ctx.uid
         cost = self.config.podDeletionCost
         if cost is not None and POD_DELETION_COST not in annotations:
             annotations[POD_DELETION_COST] = str(cost.spot if placement == SPOT else cost.onDemand)
             done.append(f"{POD_DELETION_COST}={annotations[POD_DELETION_COST]}")
-        if not annotations:
-            del metadata["annotations"]
+        if ctx.uid and DECISION_ANNOTATION not in annotations:
+            annotations[DECISION_ANNOTATION] = ctx.uid
+            if not done:  # named only when it is the one change, to keep reasons short
+                done.append(f"annotation {DECISION_ANNOTATION}")
+        metadata["labels"] = labels
+        if annotations:
+            metadata["annotations"] = annotations
         return ", ".join(done) or None
 
 
