@@ -198,6 +198,17 @@ def _run_sequences(
     return pod
 
 
+def _is_template(pod: dict[str, Any]) -> bool:
+    metadata = pod.get("metadata")
+    return not (isinstance(metadata, dict) and (metadata.get("name") or metadata.get("generateName")))
+
+
+def _distributes(mutation: CompiledMutation) -> bool:
+    """Whether the mutation splits a workload's Pods (a share below 100 %, or groups)."""
+    spot = mutation.spec.spotConfig
+    return bool(mutation.groups) or (spot is not None and spot.distributionPercentage < 100)
+
+
 def apply_mutation(
     pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings()
 ) -> tuple[dict[str, Any], Applied]:
@@ -270,9 +281,19 @@ def apply_mutation(
             if add_toleration(spec, toleration):
                 done.changes.append(f"toleration {template}")
 
-    group = choose_group(mutation.groups, siblings) if mutation.groups else None
     mode: SpotMode | None = None
-    if group is not None:
+    if _is_template(pod) and _distributes(mutation):
+        # A workload's Pod template (castslice mutate: no name, no generateName): a share chosen
+        # here would pin every Pod of the workload to one side. Each Pod is placed when created.
+        group = None
+        done.notes.append("spot distribution and groups: chosen per Pod when each is created")
+    elif mutation.groups:
+        group = choose_group(mutation.groups, siblings)
+    else:
+        group = None
+    if _is_template(pod) and _distributes(mutation):
+        pass
+    elif group is not None:
         done.group = group.name
         mode = group.spot_mode
         if mode is not None:
