@@ -900,3 +900,20 @@ def test_anded_expressions_are_copied_per_term_never_shared() -> None:
     assert first == second
     assert first["matchExpressions"][1] is not second["matchExpressions"][1]
     assert first["matchExpressions"][1]["values"] is not second["matchExpressions"][1]["values"]
+
+
+def test_a_pod_template_gets_no_share_but_a_whole_mode_still_applies() -> None:
+    template = pod()
+    del template["metadata"]["name"]  # castslice mutate's view of a Deployment's template
+    half, done = run(
+        mutation("half", {"spotConfig": {"mode": "only-spot", "distributionPercentage": 50}}), template
+    )
+    assert done.placement is None and PLACEMENT_LABEL not in (half["metadata"].get("labels") or {})
+    assert done.notes == ["spot distribution and groups: chosen per Pod when each is created"]
+    whole, done = run(mutation("whole", {"spotConfig": {"mode": "only-spot"}}), template)
+    assert done.placement == "spot" and whole["spec"]["nodeSelector"] == {"scheduling.cast.ai/spot": "true"}
+    named = dict(template, metadata={"generateName": "web-"})
+    _, done = run(
+        mutation("half", {"spotConfig": {"mode": "only-spot", "distributionPercentage": 50}}), named
+    )
+    assert done.placement == "on-demand"  # a real Pod (generateName): its share is chosen
