@@ -202,6 +202,7 @@ def test_the_most_specific_mutation_wins_and_is_named(cluster: dict[str, Any]) -
     )
     assert done.returncode == 0, done.stderr
     wait_mutation(cluster, pod("winner"), "e2e-name/1")
+    wait_mutation(cluster, pod("other"), "e2e-namespace/1")
     stored = create(cluster, pod("winner"))
     assert stored["metadata"]["labels"]["by"] == "name"
     assert stored["metadata"]["annotations"][MARK] == "e2e-name/1"
