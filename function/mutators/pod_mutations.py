@@ -31,7 +31,7 @@ from function.placement import SiblingCounts
 from function.pod import WARNING_LIMIT, Pod, labels_of
 from function.podmutation.apply import Siblings, apply_mutation, marked_by
 from function.podmutation.compiled import CompiledMutation, InvalidMutation, compile_object
-from function.podmutation.match import Workload, select, workload_of
+from function.podmutation.match import OwnerLookup, Workload, select, workload_of
 from function.podmutation.spec import CASTAI_GROUP, CASTAI_VERSION, KIND, OUR_GROUP, OUR_VERSION, PLURAL
 
 NAME = "pod-mutations"
@@ -90,7 +90,7 @@ def watches(config: PodMutationsConfig) -> tuple[WatchSpec, ...]:
     return (*specs, CASTAI_MUTATIONS) if config.castaiObjects else specs
 
 
-def _owner_lookup(view: ClusterView) -> Any:
+def _owner_lookup(view: ClusterView) -> OwnerLookup | None:
     replicasets, jobs = view.index(REPLICASETS.index), view.index(JOBS.index)
 
     def owner_of(kind: str, name: str, uid: str) -> tuple[str, str, str] | None:
