@@ -189,6 +189,27 @@ class ClusterWatcher:
         return generate_latest(self.registry)
 
     def start(self) -> None:
+        if not self._threads:
+            # `castslice serve` builds the app (and starts this) in gunicorn's master, then forks
+            # the workers: threads do not survive a fork, so each worker would serve the state of
+            # the fork moment forever. A forked child starts its own watches (and connections).
+            os.register_at_fork(after_in_child=self._restart_in_child)
+        self._start_threads()
+
+    def _restart_in_child(self) -> None:
+        if not self._threads:
+            return
+        self._stop = threading.Event()
+        self._publish_lock = threading.Lock()
+        self._threads = []
+        self._open = {}
+        self._synced_event = threading.Event()  # not ready until this process has listed
+        renew = getattr(self.transport, "after_fork", None)
+        if callable(renew):
+            renew()
+        self._start_threads()
+
+    def _start_threads(self) -> None:
         for spec in self.specs:
             thread = threading.Thread(
                 target=self._run, args=(spec,), name=f"castslice-view-{spec.index}", daemon=True
@@ -399,6 +420,12 @@ class KubeTransport:
 
         self.configuration = configuration
         self._pool = RESTClientObject(configuration).pool_manager
+
+    def after_fork(self) -> None:
+        """A new connection pool in a forked child: the parent's sockets are the parent's."""
+        from kubernetes.client.rest import RESTClientObject
+
+        self._pool = RESTClientObject(self.configuration).pool_manager
 
     def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Response:
         import urllib3

@@ -143,9 +143,18 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     state = {"plane": plane, "api": api, "core": core, "apps": client.AppsV1Api(api), "server": server}
     # The apiserver picks webhook configurations up asynchronously, the view the PodMutation too.
     assert apply(plane, podmutation("probe", {"filter": {"workload": {"names": ["probe"]}}})).returncode == 0
-    eventually(
-        lambda: MARK in (dry_run(state, pod("probe"))["metadata"].get("annotations") or {}), what="webhook"
-    )
+    try:
+        eventually(
+            lambda: MARK in (dry_run(state, pod("probe"))["metadata"].get("annotations") or {}), what="probe"
+        )
+    except AssertionError:
+        create(state, pod("probe"))
+        time.sleep(1)
+        seen = events.events[-1]["body"][:1500] if events.events else b"no event"
+        calls = server.admissions(plane)
+        server.stop()
+        log = f"admissions {calls}; dry run metadata {seen}\n" + server.log_path.read_text()[-3000:]
+        raise AssertionError(f"the webhook never applied a PodMutation; its log:\n{log}") from None
     try:
         yield state
     finally:
