@@ -159,6 +159,8 @@ class ClusterWatcher:
         self._lists_done: dict[str, int] = {spec.index: 0 for spec in self.specs}
         self._synced_event = threading.Event()
         self._requests = 0
+        self._pid = os.getpid()
+        self._adopt_lock = threading.Lock()
         if not self.specs:
             self._synced_event.set()
         for spec in self.specs:
@@ -171,6 +173,7 @@ class ClusterWatcher:
     # -- what the rest of the process sees --------------------------------------------------------
     def snapshot(self) -> ClusterView:
         """The view for one review: a reference to the current immutable states (no copy, no lock)."""
+        self._adopt()
         return View(self._published)
 
     def synced(self) -> bool:
@@ -179,6 +182,7 @@ class ClusterWatcher:
         return self._synced_event.is_set()
 
     def wait_synced(self, timeout: float) -> bool:
+        self._adopt()
         return self._synced_event.wait(timeout)
 
     def api_requests(self) -> int:
@@ -189,25 +193,30 @@ class ClusterWatcher:
         return generate_latest(self.registry)
 
     def start(self) -> None:
-        if not self._threads:
-            # `castslice serve` builds the app (and starts this) in gunicorn's master, then forks
-            # the workers: threads do not survive a fork, so each worker would serve the state of
-            # the fork moment forever. A forked child starts its own watches (and connections).
-            os.register_at_fork(after_in_child=self._restart_in_child)
+        self._pid = os.getpid()
         self._start_threads()
 
-    def _restart_in_child(self) -> None:
-        if not self._threads:
+    def _adopt(self) -> None:
+        """`castslice serve` builds the app (and starts this) in gunicorn's master, then forks the
+        workers: threads do not survive a fork, so a worker would serve the state of the fork
+        moment forever. The first use in another process starts that process's own watches and
+        connections. (Not an os.register_at_fork hook: those also run in children that are about
+        to exec, e.g. subprocesses with a preexec_fn, where starting threads can deadlock.)"""
+        if not self._threads or self._pid == os.getpid():
             return
-        self._stop = threading.Event()
-        self._publish_lock = threading.Lock()
-        self._threads = []
-        self._open = {}
-        self._synced_event = threading.Event()  # not ready until this process has listed
-        renew = getattr(self.transport, "after_fork", None)
-        if callable(renew):
-            renew()
-        self._start_threads()
+        with self._adopt_lock:  # never held in the parent (it returns above), so free after a fork
+            if self._pid == os.getpid():
+                return
+            self._stop = threading.Event()
+            self._publish_lock = threading.Lock()
+            self._threads = []
+            self._open = {}
+            self._synced_event = threading.Event()  # not ready until this process has listed
+            renew = getattr(self.transport, "after_fork", None)
+            if callable(renew):
+                renew()
+            self._start_threads()
+            self._pid = os.getpid()
 
     def _start_threads(self) -> None:
         for spec in self.specs:

@@ -66,6 +66,11 @@ def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "co
 
 
 # -- the webhook's identity: the rendered ServiceAccount and RBAC, a token kubeconfig ---------------
+def included(overlay: Path, component: Path) -> bool:
+    listed = yaml.safe_load((overlay / "kustomization.yaml").read_text()).get("components") or []
+    return any((overlay / path).resolve() == component.resolve() for path in listed)
+
+
 def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
     """Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding as a user deploys them: the
     deployment overlay with the cluster-view component."""
@@ -77,7 +82,9 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(overlay, tmp_path)],
-                "components": [os.path.relpath(component, tmp_path)],
+                # the shipped overlays include the component already (the shipped configuration
+                # enables PodMutations, which watch); a kustomization must not include it twice
+                "components": [] if included(overlay, component) else [os.path.relpath(component, tmp_path)],
             }
         )
     )

@@ -49,6 +49,11 @@ def eventually(check: Callable[[], bool], timeout: float = 30.0, what: str = "co
         time.sleep(0.05)
 
 
+def included(overlay: Path, component: Path) -> bool:
+    listed = yaml.safe_load((overlay / "kustomization.yaml").read_text()).get("components") or []
+    return any((overlay / path).resolve() == component.resolve() for path in listed)
+
+
 def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
     """The ServiceAccount, ClusterRole and ClusterRoleBinding as the manifests render them."""
     import subprocess
@@ -60,7 +65,9 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(OVERLAY, tmp_path)],
-                "components": [os.path.relpath(COMPONENT, tmp_path)],
+                # the shipped overlays include the component already (the shipped configuration
+                # enables PodMutations, which watch); a kustomization must not include it twice
+                "components": [] if included(OVERLAY, COMPONENT) else [os.path.relpath(COMPONENT, tmp_path)],
             }
         )
     )
