@@ -270,3 +270,24 @@ def test_a_watch_closed_at_once_backs_off_instead_of_spinning(
         time.sleep(0.005)
     assert len(api.requests("watch")) <= 20
     assert len(api.requests("list")) == 1  # resumed, never relisted
+
+
+def test_freeze_gc_keeps_the_collector_off_the_view(
+    api: FakeApiServer, watchers: list[ClusterWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch, "FREEZE_EVERY", 3)
+    frozen: list[int] = []
+    monkeypatch.setattr(watch.gc, "freeze", lambda: frozen.append(1))  # the process's GC stays as is
+    api.load(POD_PATH, [make_pod(f"p{i}") for i in range(5)])
+    watcher = started(api, freeze_gc=True)
+    watchers.append(watcher)
+    assert watcher.wait_synced(5)
+    assert len(frozen) == 1  # after the list
+    eventually(lambda: len(api.requests("watch")) == 1)
+    for i in range(6):
+        api.put(POD_PATH, make_pod(f"n{i}"))
+    eventually(lambda: len(watcher.snapshot().index("pods")) == 11)
+    assert len(frozen) == 3  # and every FREEZE_EVERY events
+    off = started(api)  # the default: a library leaves the process's collector alone
+    watchers.append(off)
+    assert off.wait_synced(5) and len(frozen) == 3

@@ -204,7 +204,9 @@ def relists(watcher: ClusterWatcher) -> float:
 @pytest.fixture
 def gated_webhook(kubeconfig: Path) -> Iterator[tuple[WebhookHttp, Gate]]:
     gate = Gate(kube_transport({"KUBECONFIG": str(kubeconfig)}))
-    webhook = build_webhook(parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     try:
         yield webhook, gate
     finally:
