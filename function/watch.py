@@ -159,6 +159,8 @@ class ClusterWatcher:
         self._lists_done: dict[str, int] = {spec.index: 0 for spec in self.specs}
         self._synced_event = threading.Event()
         self._requests = 0
+        self._started_in: int | None = None
+        self._fork_lock = threading.Lock()
         if not self.specs:
             self._synced_event.set()
         for spec in self.specs:
@@ -171,15 +173,46 @@ class ClusterWatcher:
     # -- what the rest of the process sees --------------------------------------------------------
     def snapshot(self) -> ClusterView:
         """The view for one review: a reference to the current immutable states (no copy, no lock)."""
+        self._follow_fork()
         return View(self._published)
 
     def synced(self) -> bool:
         """Every index has been listed once (/readyz). Stays true across relists: the previous
         state is served until the new list is complete."""
+        self._follow_fork()
         return self._synced_event.is_set()
 
     def wait_synced(self, timeout: float) -> bool:
+        self._follow_fork()
         return self._synced_event.wait(timeout)
+
+    def _follow_fork(self) -> None:
+        """Threads do not survive a fork: ``castslice serve`` builds the app (and starts the watches)
+        in gunicorn's master, then forks the workers, whose copy of the view would never change
+        again. The first call in a forked process restarts the watches there, on a new connection
+        pool (the inherited sockets belong to the parent), and is not synced until it has listed."""
+        if self._started_in is None or self._started_in == os.getpid():
+            return
+        with self._fork_lock:
+            if self._started_in == os.getpid():
+                return
+            log.info("cluster view: restarting the watches in worker process %d", os.getpid())
+            renew = getattr(self.transport, "renewed", None)
+            if callable(renew):
+                self.transport = renew()
+            self._stop = threading.Event()
+            self._threads = []
+            self._open = {}
+            self._synced_event = threading.Event()
+            self._lists_done = {spec.index: 0 for spec in self.specs}
+            with self._publish_lock:  # the parent's state, as of the fork: served, but not synced
+                self._published = {
+                    name: IndexState(state.records, state.groups, False)
+                    for name, state in self._published.items()
+                }
+            for spec in self.specs:
+                self.metrics.synced.labels(spec.index).set(0)
+            self.start()
 
     def api_requests(self) -> int:
         """Requests made to the apiserver so far (all by the watch threads; reviews make none)."""
@@ -189,6 +222,7 @@ class ClusterWatcher:
         return generate_latest(self.registry)
 
     def start(self) -> None:
+        self._started_in = os.getpid()
         for spec in self.specs:
             thread = threading.Thread(
                 target=self._run, args=(spec,), name=f"castslice-view-{spec.index}", daemon=True
@@ -417,6 +451,10 @@ class KubeTransport:
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout),
         )
         return response
+
+    def renewed(self) -> KubeTransport:
+        """The same credentials on a new connection pool (for a forked process)."""
+        return KubeTransport(self.configuration)
 
     def interrupt(self, response: Response) -> None:
         shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+: unblocks a reader

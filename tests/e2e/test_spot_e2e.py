@@ -190,6 +190,15 @@ class SpotServer:
         except OSError:
             return False
 
+    def view_objects(self, index: str) -> float:
+        """castslice_view_objects{index} from the /metrics of whichever worker answers."""
+        with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
+            text = answer.read().decode()
+        prefix = f'castslice_view_objects{{index="{index}"}} '
+        return max(
+            (float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)), default=-1
+        )
+
     def stop(self) -> None:
         kill_group(self.process, timeout=15)
 
@@ -360,6 +369,9 @@ def test_partial_spot_scaled_one_replica_at_a_time_ends_at_4_spot_and_6_on_deman
     assert_on_their_nodes(spot["plane"], pods)
     costs = {p["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] for p in pods}
     assert costs == {"-100", "100"}
+    # The serving process's own view (not the ledger) holds the Pods: its watches run in the worker.
+    server: SpotServer = spot["servers"]["one"]
+    eventually(lambda: server.view_objects("pods") >= 10, 30, "the worker's view to hold the 10 Pods")
     remove(spot, "spot-one", "steady")
 
 
