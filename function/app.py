@@ -19,6 +19,7 @@ from function.cluster import EMPTY_VIEW, ClusterView, WatchSpec
 from function.config import Config, load_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
+from function.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
 from function.watch import ClusterWatcher, Transport, kube_transport, watches_for
 
 log = logging.getLogger("castslice.app")
@@ -62,7 +63,12 @@ def build_webhook(
         freeze_gc,
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
-    admission = Admission(engine, recorder, cluster=snapshot)
+    # Spot placement: this process's recent decisions join each snapshot until the view shows them.
+    # One review at a time from snapshot to record, so concurrent siblings see each other.
+    ledger = ledger_for(config)
+    turns = DecisionTurns() if ledger is not None else None
+    decisions = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
+    admission = Admission(engine, decisions, cluster=with_ledger(snapshot, ledger, turns))
 
     def ready() -> bool:
         # Not ready until every watch an enabled mutator needs has listed once: a decision over a

@@ -38,6 +38,8 @@ import yaml
 Record = Any
 """A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
 
+DECISION_ANNOTATION = "castops.io/placement-decision"
+"""Same literal as ``function.placement.DECISION_ANNOTATION``."""
 PLACEMENT_LABEL = "castops.io/placement"
 """The label the spot placement mutator writes on a Pod it placed (``spot`` / ``on-demand``).
 The same literal as ``function.placement.PLACEMENT_LABEL`` (branch issue-place); it is read here so
@@ -69,6 +71,9 @@ class PodRecord(NamedTuple):
     terminating: bool
     """metadata.deletionTimestamp is set: the Pod is on its way out (graceful deletion) and should
     not count as a running sibling."""
+    decision: str = ""
+    """The value of DECISION_ANNOTATION: the admission uid of the spot decision that placed the Pod,
+    so the spot mutator can tell which of its process's recent decisions the view already shows."""
 
 
 class ReplicaSetRecord(NamedTuple):
@@ -129,6 +134,7 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
         return None
     labels = metadata.get("labels")
     placement = labels.get(PLACEMENT_LABEL) if isinstance(labels, Mapping) else None
+    annotations = metadata.get("annotations")
     return PodRecord(
         namespace=_interned(metadata.get("namespace")),
         name=_text(metadata.get("name")),
@@ -136,6 +142,7 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
         owner=controller_of(metadata),
         placement=_interned(placement),
         terminating=metadata.get("deletionTimestamp") is not None,
+        decision=_text(annotations.get(DECISION_ANNOTATION)) if isinstance(annotations, Mapping) else "",
     )
 
 

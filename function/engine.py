@@ -21,6 +21,7 @@ from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
+from function.placement import scheduling_violations
 from function.pod import Pod, cap_warning, labels_of
 from function.rules import extended_resource_violations
 
@@ -210,6 +211,9 @@ class Engine:
         except PatchProofError as error:
             return str(error)
         introduced = extended_resource_violations(intended) - extended_resource_violations(original)
+        # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
+        # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
+        introduced |= scheduling_violations(intended) - scheduling_violations(original)
         if introduced:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None

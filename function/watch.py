@@ -170,7 +170,10 @@ class ClusterWatcher:
         self._synced_event = threading.Event()
         self._requests = 0
         self._freeze_gc = freeze_gc
+        self._gc_freeze: Callable[[], None] = gc.freeze  # replaced by tests, which must not freeze
         self._events_since_freeze = 0
+        self._started_in: int | None = None
+        self._fork_lock = threading.Lock()
         if not self.specs:
             self._synced_event.set()
         for spec in self.specs:
@@ -183,15 +186,46 @@ class ClusterWatcher:
     # -- what the rest of the process sees --------------------------------------------------------
     def snapshot(self) -> ClusterView:
         """The view for one review: a reference to the current immutable states (no copy, no lock)."""
+        self._follow_fork()
         return View(self._published)
 
     def synced(self) -> bool:
         """Every index has been listed once (/readyz). Stays true across relists: the previous
         state is served until the new list is complete."""
+        self._follow_fork()
         return self._synced_event.is_set()
 
     def wait_synced(self, timeout: float) -> bool:
+        self._follow_fork()
         return self._synced_event.wait(timeout)
+
+    def _follow_fork(self) -> None:
+        """Threads do not survive a fork: ``castslice serve`` builds the app (and starts the watches)
+        in gunicorn's master, then forks the workers, whose copy of the view would never change
+        again. The first call in a forked process restarts the watches there, on a new connection
+        pool (the inherited sockets belong to the parent), and is not synced until it has listed."""
+        if self._started_in is None or self._started_in == os.getpid():
+            return
+        with self._fork_lock:
+            if self._started_in == os.getpid():
+                return
+            log.info("cluster view: restarting the watches in worker process %d", os.getpid())
+            renew = getattr(self.transport, "renewed", None)
+            if callable(renew):
+                self.transport = renew()
+            self._stop = threading.Event()
+            self._threads = []
+            self._open = {}
+            self._synced_event = threading.Event()
+            self._lists_done = {spec.index: 0 for spec in self.specs}
+            with self._publish_lock:  # the parent's state, as of the fork: served, but not synced
+                self._published = {
+                    name: IndexState(state.records, state.groups, False)
+                    for name, state in self._published.items()
+                }
+            for spec in self.specs:
+                self.metrics.synced.labels(spec.index).set(0)
+            self.start()
 
     def api_requests(self) -> int:
         """Requests made to the apiserver so far (all by the watch threads; reviews make none)."""
@@ -201,6 +235,7 @@ class ClusterWatcher:
         return generate_latest(self.registry)
 
     def start(self) -> None:
+        self._started_in = os.getpid()
         for spec in self.specs:
             thread = threading.Thread(
                 target=self._run, args=(spec,), name=f"castslice-view-{spec.index}", daemon=True
@@ -318,9 +353,9 @@ class ClusterWatcher:
             self.metrics.relists.labels(spec.index).inc()
         self._lists_done[spec.index] += 1
         self.metrics.synced.labels(spec.index).set(1)
+        self._freeze()  # before readiness: the first freeze happens while no review is answered
         if all(state.synced for state in self._published.values()):
             self._synced_event.set()
-        self._freeze()
         log.info("view %s: listed %d objects at resourceVersion %s", spec.index, len(records), version)
         return version
 
@@ -387,7 +422,7 @@ class ClusterWatcher:
             # Young garbage is collected first (cheap: the two young generations only), so it is
             # not frozen with the rest. A full collection here would be the very pause avoided.
             gc.collect(1)
-            gc.freeze()
+            self._gc_freeze()
 
     def _publish(self, index: str, change: Callable[[IndexState], IndexState]) -> None:
         # One writer per index, but two indices publish into one top-level mapping: the lock keeps
@@ -441,6 +476,10 @@ class KubeTransport:
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout),
         )
         return response
+
+    def renewed(self) -> KubeTransport:
+        """The same credentials on a new connection pool (for a forked process)."""
+        return KubeTransport(self.configuration)
 
     def interrupt(self, response: Response) -> None:
         shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+: unblocks a reader
