@@ -104,12 +104,15 @@ class Gate:
 
 
 @pytest.fixture(scope="module")
-def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A kubeconfig holding only a token of the webhook's ServiceAccount (no client certificate)."""
+def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A kubeconfig holding only a token of the webhook's ServiceAccount (no client certificate).
+    The ServiceAccount and its RBAC are deleted afterwards: later tests dry-run-create the shipped
+    manifests, which would meet them as AlreadyExists."""
     from kubernetes import client
 
+    rbac = rendered_rbac(tmp_path_factory.mktemp("rbac"))
     with control_plane.api_client() as api:
-        for obj in rendered_rbac(tmp_path_factory.mktemp("rbac")):
+        for obj in rbac:
             create(api, obj)
         eventually(
             lambda: (
@@ -146,7 +149,15 @@ def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFac
             }
         )
     )
-    return path
+    yield path
+    with control_plane.api_client() as api:
+        core, rbac_api = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.delete_namespaced_service_account(SA_NAME, SA_NAMESPACE)
+        for obj in rbac:
+            if obj["kind"] == "ClusterRoleBinding":
+                rbac_api.delete_cluster_role_binding(obj["metadata"]["name"])
+            elif obj["kind"] == "ClusterRole":
+                rbac_api.delete_cluster_role(obj["metadata"]["name"])
 
 
 def pod_manifest(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
