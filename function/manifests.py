@@ -15,7 +15,7 @@ from typing import Any
 from function.discovery import Path, PodSite, Unmappable, dotted, find_pods, parse_pointer, pointer
 from function.engine import Decision, Engine
 from function.manifest_checks import Problem, misplaced_opt_in, object_problems
-from function.mutators.base import RequestInfo
+from function.mutators.base import RequestContext
 from function.patch import Operation
 from function.yamldoc import Chunk, apply_operations, to_plain
 
@@ -97,7 +97,7 @@ def _judge(
         return
     judged = []
     for site in sites:
-        request = RequestInfo(
+        request = RequestContext(
             uid=f"offline-{result.index}", namespace=result.namespace, operation="CREATE", dry_run=True
         )
         decision = engine.decide(site.pod(plain), request)
