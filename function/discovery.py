@@ -156,7 +156,9 @@ class PodSite:
             merged = {**(top.get(key) or {}), **(component.get(key) or {})}
             if merged:
                 metadata[key] = merged
-        spec = {k: v for k, v in component.items() if k not in ("annotations", "labels")}
+        # The model spec is judged as a container, not left in the spec as well.
+        skip = ("annotations", "labels", self.model_key)
+        spec = {k: v for k, v in component.items() if k not in skip}
         spec = copy_json(spec)
         if self.model_key is not None:
             model = copy_json(component[self.model_key])
