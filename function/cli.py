@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
@@ -119,17 +119,22 @@ def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:
         print(f"  hint: {hint}", file=out)
 
 
-def _join_sources(texts: list[str]) -> str:
-    """One YAML stream of several files: a ``---`` between them, each file's text untouched."""
-    out = ""
-    for text in texts:
-        if out:
-            if not out.endswith("\n"):
-                out += "\n"
-            if not text.startswith("---"):
-                out += "---\n"
-        out += text
-    return out
+def _stream(sources: list[list[str]]) -> Iterator[str]:
+    """One YAML stream of several files: a ``---`` between them, each file's text untouched.
+
+    Yielded document by document: written in pieces, a reader that goes away (``| head``) is
+    noticed at the next write, where one huge write could end silently short."""
+    previous = ""
+    for pieces in sources:
+        for number, piece in enumerate(pieces):
+            if number == 0 and previous:
+                if not previous.endswith("\n"):
+                    yield "\n"
+                if not piece.startswith("---"):
+                    yield "---\n"
+            if piece:
+                yield piece
+                previous = piece
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
@@ -149,14 +154,14 @@ def cmd_mutate(args: argparse.Namespace) -> int:
 
     several = Path(args.filename).is_dir() if args.filename != "-" else False
     results: list[ObjectResult] = []
-    texts = []
+    texts: list[list[str]] = []
     for label, chunks in loaded:
         pieces = []
         for index, chunk in enumerate(chunks):
             objects, text = mutate_chunk(engine, chunk, label, index, args.namespace)
             results.extend(objects)
             pieces.append(text)
-        texts.append("".join(pieces))
+        texts.append(pieces)
     for result in results:
         _report(result, sys.stderr, f"{result.source}: " if several else "")
 
@@ -176,7 +181,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(_join_sources(texts))
+        for piece in _stream(texts):
+            sys.stdout.write(piece)
 
     if any(r.internal_error for r in results):
         return EXIT_INTERNAL

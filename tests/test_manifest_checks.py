@@ -93,7 +93,8 @@ kind: PyTorchJob
 metadata: {name: j, labels: {v: 1}}
 spec:
   pytorchReplicaSpecs:
-    Master: {template: {metadata: {annotations: {castops.io/optimize: true}}, spec: {containers: [{name: c}]}}}
+    Master:
+      template: {metadata: {annotations: {castops.io/optimize: true}}, spec: {containers: [{name: c}]}}
     Worker: {template: {spec: {containers: [{name: c, env: [{name: E, value: 3}]}]}}}
 """
     assert set(problems_of(text)) == {

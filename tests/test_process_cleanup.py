@@ -21,6 +21,11 @@ def test_the_consumer_fixture_leaves_no_process_behind(tmp_path: Path) -> None:
         members = wait_for(lambda: len(served.group()) >= 2 and served.group(), 20, what="the worker")
         assert served.process.pid in members
         assert os.getpgid(served.process.pid) == served.process.pid, "its own process group"
+        # castslice serve says where it listens.
+        listening = (
+            f"castslice serve: the reference audit consumer listening on http://127.0.0.1:{served.port}"
+        )
+        assert listening in served.stderr_path.read_text().splitlines()
         session = served.process.pid
     assert session_members(session) == []
     for pid in members:

@@ -72,7 +72,9 @@ class GpuSlicingConfig(MutatorConfig):
     @model_validator(mode="before")
     @classmethod
     def _merge_presets(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("presets") is not None:
+        if isinstance(data, dict) and "presets" in data:
+            if data["presets"] is None:  # presets: null, like an absent key: the defaults
+                return {key: value for key, value in data.items() if key != "presets"}
             replace = data.get("replacePresets") is True
             data = {**data, "presets": merge_map(DEFAULT_PRESETS, data["presets"], replace)}
         return data
