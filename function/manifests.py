@@ -12,12 +12,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from function.discovery import Path, PodSite, Unmappable, dotted, find_pods, parse_pointer, pointer
+from function.discovery import (
+    Path,
+    PodSite,
+    Unmappable,
+    api_group,
+    dotted,
+    find_pods,
+    parse_pointer,
+    pointer,
+)
 from function.engine import Decision, Engine
 from function.manifest_checks import Problem, misplaced_opt_in, object_problems
 from function.mutators.base import RequestContext
 from function.patch import Operation
 from function.yamldoc import Chunk, apply_operations, to_plain
+
+KNATIVE_KINDS = {("serving.knative.dev", "Service"), ("serving.knative.dev", "Configuration")}
+KNATIVE_SCHEDULER_HINT = (
+    "Knative refuses spec.template.spec.schedulerName unless its kubernetes.podspec-schedulername "
+    "feature is enabled; the webhook sets it on the Pods themselves, so leave it out of the manifest"
+)
+
+
+def site_kind(document: dict[str, Any]) -> tuple[str, str]:
+    return api_group(document), str(document.get("kind"))
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,10 @@ def _judge(
             judged.append(SiteResult(site, label, decision, (), f"cannot write the change back: {error}"))
             continue
         operations.extend(mapped)
+        if site_kind(plain) in KNATIVE_KINDS and any(
+            path[-1:] == ("schedulerName",) for _, path, _ in mapped
+        ):
+            result.hints = (*result.hints, KNATIVE_SCHEDULER_HINT)
         patch = tuple(
             {"op": op, "path": pointer(path), **({"value": value} if op != "remove" else {})}
             for op, path, value in mapped

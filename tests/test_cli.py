@@ -214,3 +214,25 @@ def test_audit_rejected_lists_the_refused_events(monkeypatch: pytest.MonkeyPatch
     assert rejected["id"] == "ev-2"
     assert rejected["event"]["data"]["object"] == {"kind": "Pod"}, "the refused event as received"
     assert any("Additional properties" in problem for problem in rejected["problems"])
+
+
+def test_a_change_with_no_place_in_the_document_is_an_error_and_leaves_it_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KServe component's model spec is judged as a container; a change to the container list
+    itself cannot be written back: reported, the document left as is, exit 3."""
+    isvc = (
+        "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata: {name: m}\n"
+        "spec:\n  predictor:\n    model: {modelFormat: {name: x}}\n"
+    )
+
+    def whole_list(self: Any, pod: Any, ctx: Any) -> Decision:
+        return Decision(
+            "mutated", True, "test", patch=({"op": "replace", "path": "/spec/containers", "value": []},)
+        )
+
+    monkeypatch.setattr("function.engine.Engine.decide", whole_list)
+    code, out, err = run(monkeypatch, "mutate", "-f", "-", stdin=isvc)
+    assert code == 3
+    assert out == isvc
+    assert "  error: cannot write the change back: a change to the whole container list" in err
