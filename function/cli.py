@@ -81,14 +81,17 @@ EXIT_BROKEN_PIPE = 141
 
 def _manifest_sources(filename: str, recursive: bool) -> list[tuple[str, str]]:
     """(label, text) of every input: stdin, one file, or the manifests of a directory."""
+    # Bytes decoded as they are: text mode would turn CRLF into LF, and an untouched document
+    # must come out byte for byte.
     if filename == "-":
-        return [("-", sys.stdin.read())]
+        stdin = getattr(sys.stdin, "buffer", None)
+        return [("-", stdin.read().decode("utf-8") if stdin is not None else sys.stdin.read())]
     path = Path(filename)
     if not path.is_dir():
-        return [(filename, path.read_text(encoding="utf-8"))]
+        return [(filename, path.read_bytes().decode("utf-8"))]
     found = path.rglob("*") if recursive else path.iterdir()
     files = sorted(p for p in found if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
-    return [(str(p.relative_to(path)), p.read_text(encoding="utf-8")) for p in files]
+    return [(str(p.relative_to(path)), p.read_bytes().decode("utf-8")) for p in files]
 
 
 def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:

@@ -26,8 +26,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, ScalarString
 
-_SEPARATOR = re.compile(r"^---(?=[ \t]|$)", re.M)
-_SEPARATOR_ONLY = re.compile(r"^---[ \t]*(#.*)?$")
+_SEPARATOR = re.compile(r"^---(?=[ \t\r]|$)", re.M)
+_SEPARATOR_ONLY = re.compile(r"^---[ \t]*(#.*)?\r?$")
 _BLOCK_KEY = re.compile(r"^(\s*)(?:- )?[^\s#-][^#]*:\s*(#.*)?$")
 
 _TRUE_WORDS = ("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")

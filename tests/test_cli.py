@@ -236,3 +236,15 @@ def test_a_change_with_no_place_in_the_document_is_an_error_and_leaves_it_alone(
     assert code == 3
     assert out == isvc
     assert "  error: cannot write the change back: a change to the whole container list" in err
+
+
+def test_crlf_files_come_out_byte_for_byte(tmp_path: Path) -> None:
+    """Through the installed command, file and stdin: no newline translation on the way in or out."""
+    text = b"apiVersion: v1\r\nkind: ConfigMap\r\nmetadata: {name: a}\r\n---\r\n"
+    text += b"apiVersion: v1\r\nkind: Secret\r\n"
+    path = tmp_path / "crlf.yaml"
+    path.write_bytes(text)
+    by_file = subprocess.run([CASTSLICE, "mutate", "-f", str(path)], capture_output=True, check=False)
+    by_stdin = subprocess.run([CASTSLICE, "mutate", "-f", "-"], input=text, capture_output=True, check=False)
+    assert (by_file.returncode, by_file.stdout) == (0, text)
+    assert (by_stdin.returncode, by_stdin.stdout) == (0, text)

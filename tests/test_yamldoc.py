@@ -179,3 +179,11 @@ def test_stdin_without_a_trailing_newline_round_trips(monkeypatch: pytest.Monkey
     text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}  # no newline at the end"
     code, out, _ = run_mutate(monkeypatch, "-f", "-", stdin=text)
     assert (code, out) == (0, text)
+
+
+def test_windows_line_endings_are_cut_and_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "apiVersion: v1\r\nkind: ConfigMap\r\nmetadata: {name: a}\r\n"
+    text += "---\r\napiVersion: v1\r\nkind: ConfigMap\r\n"
+    assert [prefix for prefix, _ in split_documents(text)] == ["", "---\r\n"]
+    code, out, _ = run_mutate(monkeypatch, "-f", "-", stdin=text)
+    assert (code, out) == (0, text)
