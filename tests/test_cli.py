@@ -192,6 +192,10 @@ def audit_db(tmp_path: Path) -> Path:
     store = AuditStore(path)
     try:
         store.accept(event_for("default-slice-inference", 1))
+        older = to_dict(event_for("default-not-opted-in", 3))
+        older["mutators"] = ""
+        with pytest.raises(InvalidEvent):
+            store.accept(older)
         document = to_dict(event_for("default-bad-ratio", 2))
         document["data"]["object"] = {"kind": "Pod"}
         with pytest.raises(InvalidEvent):
@@ -204,12 +208,13 @@ def audit_db(tmp_path: Path) -> Path:
 def test_audit_rejected_lists_the_refused_events(monkeypatch: pytest.MonkeyPatch, audit_db: Path) -> None:
     code, out, _ = run(monkeypatch, "audit", "rejected", "--db", str(audit_db))
     assert code == 0
-    header, row = out.splitlines()
+    header, newest, oldest = out.splitlines()
     assert header.split() == ["RECEIVED", "ID", "TYPE", "SOURCE", "PROBLEMS"]
-    assert " ev-2 " in row and "Additional properties" in row
+    assert " ev-2 " in newest and "Additional properties" in newest
+    assert " ev-3 " in oldest and "attribute mutators" in oldest
     assert "ev-1" not in out, "a stored event is not a rejected one"
 
-    code, out, _ = run(monkeypatch, "audit", "rejected", "--db", str(audit_db), "-o", "json")
+    code, out, _ = run(monkeypatch, "audit", "rejected", "--db", str(audit_db), "-o", "json", "--limit", "1")
     [rejected] = json.loads(out)
     assert rejected["id"] == "ev-2"
     assert rejected["event"]["data"]["object"] == {"kind": "Pod"}, "the refused event as received"

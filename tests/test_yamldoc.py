@@ -187,3 +187,22 @@ def test_windows_line_endings_are_cut_and_passed_through(monkeypatch: pytest.Mon
     assert [prefix for prefix, _ in split_documents(text)] == ["", "---\r\n"]
     code, out, _ = run_mutate(monkeypatch, "-f", "-", stdin=text)
     assert (code, out) == (0, text)
+
+
+def test_blank_lines_around_a_changed_document_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    pod = (
+        'apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: {castops.io/optimize: "true"}\n'
+        "spec:\n  containers:\n  - {name: c, resources: {limits: {nvidia.com/gpu: 1}}}\n"
+    )
+    code, out, _ = run_mutate(monkeypatch, "-f", "-", stdin="\n\n" + pod + "\n\n---\nkind: ConfigMap\n")
+    assert code == 0
+    assert out.startswith("\n\napiVersion: v1\n")
+    assert "nvidia.com/gpu-shared" in out
+    assert out.endswith("}}}\n\n\n---\nkind: ConfigMap\n")
+
+
+def test_files_are_joined_into_one_stream() -> None:
+    assert "".join(cli._stream([["a: 1\n"], ["b: 2"], ["---\nc: 3\n", "---\nd: 4\n"]])) == (
+        "a: 1\n---\nb: 2\n---\nc: 3\n---\nd: 4\n"
+    )
+    assert "".join(cli._stream([[""], ["b: 2\n"]])) == "b: 2\n"
