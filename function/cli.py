@@ -181,8 +181,12 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         # Always a List (what `kubectl get -o json` prints for several objects), whatever the
         # number of objects: scripts read one shape, and kubectl apply -f - takes it as is.
         items = [r.plain for r in results if isinstance(r.plain, dict)]
-        json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        try:
+            text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2, allow_nan=False)
+        except ValueError:  # YAML's .inf and .nan: kubectl cannot send them either
+            print("castslice mutate: a value is .inf or .nan, which JSON cannot carry", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        sys.stdout.write(text + "\n")
     else:
         for piece in _stream(texts):
             sys.stdout.write(piece)

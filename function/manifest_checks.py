@@ -10,13 +10,12 @@ values included. The preview names each such place with its path and the quoted 
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from function.discovery import Path, PodSite, dotted, get_path
-from function.yamldoc import YAML11_BOOLEANS, is_plain_scalar
+from function.yamldoc import YAML11_BOOLEANS, DateText, is_plain_scalar
 
 CASTSLICE_PREFIX = "castops.io/"
 OPT_IN_ANNOTATION = "castops.io/optimize"
@@ -51,8 +50,8 @@ def _describe(value: Any) -> tuple[str, str, Literal["error", "warning"]] | None
         return "a boolean", "true" if value else "false", "error"
     if isinstance(value, int | float):
         return "a number", str(value), "error"
-    if isinstance(value, datetime.datetime | datetime.date):
-        return "a date", value.isoformat(), "warning"
+    if isinstance(value, DateText):
+        return "a date", str(value), "warning"
     if is_plain_scalar(value) and value in YAML11_BOOLEANS:
         return "a boolean for kubectl (YAML 1.1)", str(value), "error"
     return None

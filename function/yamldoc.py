@@ -23,7 +23,9 @@ from typing import Any
 import yaml as pyyaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, ScalarString
 
 _SEPARATOR = re.compile(r"^---(?=[ \t\r]|$)", re.M)
@@ -70,8 +72,41 @@ class Chunk:
         return self.prefix + leading + text.strip("\n") + (trailing or "\n")
 
 
+class DateText(str):
+    """An unquoted date or time, kept as the text the user wrote (``2026-12-31``).
+
+    kubectl's YAML decoder keeps timestamps as text, so -o json must print them as written, not as
+    Python's isoformat; the checks still see that it was an unquoted date."""
+
+    __slots__ = ()
+
+
+class _Constructor(RoundTripConstructor):
+    pass
+
+
+class _Representer(RoundTripRepresenter):
+    pass
+
+
+def _date_text(constructor: Any, node: Any) -> DateText:
+    return DateText(node.value)
+
+
+def _represent_date_text(representer: Any, data: DateText) -> Any:
+    # Tagged as a timestamp, so the emitter writes it plain, as it was.
+    return representer.represent_scalar("tag:yaml.org,2002:timestamp", str(data))
+
+
+# On subclasses: ruamel's registries are per class, so other users of ruamel are not affected.
+_Constructor.add_constructor("tag:yaml.org,2002:timestamp", _date_text)
+_Representer.add_representer(DateText, _represent_date_text)
+
+
 def _yaml() -> YAML:
     loader = YAML(typ="rt")
+    loader.Constructor = _Constructor
+    loader.Representer = _Representer
     loader.preserve_quotes = True
     loader.width = 4096  # never fold a long line the user wrote on one line
     return loader
@@ -149,7 +184,7 @@ def guess_indent(text: str) -> tuple[int, int, int]:
 
 # -- from the round-trip tree to plain JSON values -----------------------------------------------
 def to_plain(node: Any) -> Any:
-    """The tree as JSON-shaped values (what the engine judges). Dates become their text."""
+    """The tree as JSON-shaped values (what the engine judges). Dates are their text already."""
     if isinstance(node, dict):
         return {str(key): to_plain(value) for key, value in node.items()}
     if isinstance(node, list):
@@ -162,7 +197,7 @@ def to_plain(node: Any) -> Any:
         return float(node)
     if isinstance(node, str):
         return str(node)
-    if isinstance(node, datetime.datetime | datetime.date):
+    if isinstance(node, datetime.datetime | datetime.date):  # an explicit !!timestamp tag
         return node.isoformat()
     return node
 

@@ -253,3 +253,11 @@ def test_crlf_files_come_out_byte_for_byte(tmp_path: Path) -> None:
     by_stdin = subprocess.run([CASTSLICE, "mutate", "-f", "-"], input=text, capture_output=True, check=False)
     assert (by_file.returncode, by_file.stdout) == (0, text)
     assert (by_stdin.returncode, by_stdin.stdout) == (0, text)
+
+
+def test_json_output_refuses_infinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = run(
+        monkeypatch, "mutate", "-f", "-", "-o", "json", stdin="kind: ConfigMap\ndata: {a: .inf}\n"
+    )
+    assert (code, out) == (2, "")
+    assert "JSON cannot carry" in err

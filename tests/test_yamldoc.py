@@ -3,7 +3,6 @@ ones keep comments, order, flow style and quoting."""
 
 from __future__ import annotations
 
-import datetime
 import io
 import json
 import sys
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from function import cli
 from function.yamldoc import (
+    DateText,
     DocumentError,
     apply_operations,
     guess_indent,
@@ -88,7 +88,16 @@ def test_to_plain_gives_json_values() -> None:
     assert plain == {"a": "1", "b": 1, "c": 1.5, "d": True, "e": "2024-01-01", "f": ["x", {"g": None}]}
     assert json.loads(json.dumps(plain)) == plain
     assert type(plain["a"]) is str and type(plain["b"]) is int and type(plain["d"]) is bool
-    assert isinstance(chunk.tree["e"], datetime.date)
+    assert isinstance(chunk.tree["e"], DateText)
+
+
+def test_dates_keep_their_text_in_json_and_in_a_changed_document() -> None:
+    [chunk] = load_documents("a: 2024-01-01T10:00:00Z  # when\nb: 2024-01-01 10:00:00.5 +02:00\n", "t")
+    assert to_plain(chunk.tree) == {"a": "2024-01-01T10:00:00Z", "b": "2024-01-01 10:00:00.5 +02:00"}
+    apply_operations(chunk.tree, [("add", ["c"], "x")])
+    assert chunk.dump() == "a: 2024-01-01T10:00:00Z  # when\nb: 2024-01-01 10:00:00.5 +02:00\nc: x\n"
+    [tagged] = load_documents("a: !!timestamp 2024-01-01\n", "t")
+    assert to_plain(tagged.tree) == {"a": "2024-01-01"}
 
 
 def test_operations_keep_styles() -> None:
