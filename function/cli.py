@@ -85,13 +85,20 @@ def _manifest_sources(filename: str, recursive: bool) -> list[tuple[str, str]]:
     # must come out byte for byte.
     if filename == "-":
         stdin = getattr(sys.stdin, "buffer", None)
-        return [("-", stdin.read().decode("utf-8") if stdin is not None else sys.stdin.read())]
+        return [("-", _text("-", stdin.read()) if stdin is not None else sys.stdin.read())]
     path = Path(filename)
     if not path.is_dir():
-        return [(filename, path.read_bytes().decode("utf-8"))]
+        return [(filename, _text(filename, path.read_bytes()))]
     found = path.rglob("*") if recursive else path.iterdir()
     files = sorted(p for p in found if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
-    return [(str(p.relative_to(path)), p.read_bytes().decode("utf-8")) for p in files]
+    return [(str(p.relative_to(path)), _text(str(p), p.read_bytes())) for p in files]
+
+
+def _text(label: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DocumentError(f"{label}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:
@@ -151,7 +158,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"castslice mutate: cannot read {args.filename}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DocumentError, UnicodeDecodeError) as error:
+    except DocumentError as error:
         print(f"castslice mutate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -21,7 +21,7 @@ Two ways to find them, on purpose:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from function.patch import copy_json, escape
@@ -125,7 +125,8 @@ class PodSite:
     found_by: Literal["kind", "walk"] = "kind"
     model_key: str | None = None
     """KServe: the model spec judged as the component's last container."""
-    model_index: int = field(default=0, compare=False)
+    model_index: int = 0
+    """KServe: that container's index in the judged Pod (after the component's own containers)."""
 
     @property
     def label(self) -> str:
