@@ -1,8 +1,10 @@
 """Golden cases for `castslice mutate`, in the manner of Kyverno's CLI tests.
 
-Each folder under tests/golden/ is one case: ``input.yaml`` (manifests), optional ``config.yaml``,
+Each folder under tests/golden/ is one case: ``input.yaml`` (manifests; or an ``input/`` directory,
+read with ``-f DIR``), optional ``config.yaml``,
 ``case.yaml`` (description, extra args, expected exit code, optional ``stdin: true``), and the
-expected ``expected.out`` (stdout) and ``expected.err`` (the decision report on stderr).
+expected ``expected.out`` (stdout) and ``expected.err`` (the decision report on stderr), where
+the case's own path is written as a relative one.
 Run with CASTSLICE_REGENERATE=1 to rewrite the expected files, then read the diff.
 """
 
