@@ -41,7 +41,7 @@ GRACE_SECONDS = 15  # terminationGracePeriodSeconds of knative/overlays/deployme
 
 pytestmark = pytest.mark.skipif(
     not IMAGE and not REQUIRED,
-    reason="no image: set CASTSLICE_IMAGE (eval \"$(.ci/build-image)\"); CI sets CASTSLICE_IMAGE_REQUIRED=1",
+    reason='no image: set CASTSLICE_IMAGE (eval "$(.ci/build-image)"); CI sets CASTSLICE_IMAGE_REQUIRED=1',
 )
 
 
@@ -76,7 +76,11 @@ class Container:
                 lines.append(json.loads(line))
             except ValueError:
                 continue
-        return [line["event"] for line in lines if isinstance(line, dict) and line.get("castslice") == "audit-event"]
+        return [
+            line["event"]
+            for line in lines
+            if isinstance(line, dict) and line.get("castslice") == "audit-event"
+        ]
 
 
 def _pump(stream: Any, into: list[str]) -> None:
@@ -132,14 +136,20 @@ def test_image_runs_non_root_with_castslice_as_entrypoint(image: str) -> None:
     assert probe.returncode == 0, probe.stderr
     assert lines[0] == user and "home-writable" in lines
     assert lines[2] == "/opt/castslice/bin/castslice"
-    assert [line for line in lines[3:] if line.startswith("/opt/castslice") or "gcc" in line or "make" in line] == []
+    assert [
+        line for line in lines[3:] if line.startswith("/opt/castslice") or "gcc" in line or "make" in line
+    ] == []
 
 
 def test_the_manifests_start_the_image_as_its_entrypoint(image: str) -> None:
     entrypoint = json.loads(podman("image", "inspect", image).stdout)[0]["Config"]["Entrypoint"]
     for path in (ROOT / "knative/base/service.yaml", ROOT / "knative/overlays/deployment/deployment.yaml"):
         for document in yaml.safe_load_all(path.read_text()):
-            if document and document.get("kind") in ("Service", "Deployment") and "template" in document["spec"]:
+            if (
+                document
+                and document.get("kind") in ("Service", "Deployment")
+                and "template" in document["spec"]
+            ):
                 for c in document["spec"]["template"]["spec"]["containers"]:
                     assert c["command"] == entrypoint, (path.name, c["name"])
 
@@ -155,7 +165,9 @@ def test_container_answers_a_review_logs_the_event_and_stops_on_sigterm(containe
 
     uid = review["request"]["uid"]
     event = wait_for(
-        lambda: next((e for e in container.events() if e.get("data", {}).get("request", {}).get("uid") == uid), None),
+        lambda: next(
+            (e for e in container.events() if e.get("data", {}).get("request", {}).get("uid") == uid), None
+        ),
         timeout=10,
         what="the decision event on the container's stdout",
     )
