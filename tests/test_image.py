@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.audit_support import free_port, wait_for
+from tests.manifests_support import kustomization_dirs, pod_specs, render
 from tests.support import DATA, decode_reply, load_review
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,15 +143,13 @@ def test_image_runs_non_root_with_castslice_as_entrypoint(image: str) -> None:
 
 def test_the_manifests_start_the_image_as_its_entrypoint(image: str) -> None:
     entrypoint = json.loads(podman("image", "inspect", image).stdout)[0]["Config"]["Entrypoint"]
-    for path in (ROOT / "knative/base/service.yaml", ROOT / "knative/overlays/deployment/deployment.yaml"):
-        for document in yaml.safe_load_all(path.read_text()):
-            if (
-                document
-                and document.get("kind") in ("Service", "Deployment")
-                and "template" in document["spec"]
-            ):
-                for c in document["spec"]["template"]["spec"]["containers"]:
-                    assert c["command"] == entrypoint, (path.name, c["name"])
+    checked = 0
+    for overlay in kustomization_dirs():
+        for _, spec in pod_specs(render(overlay)):
+            for container in spec["containers"]:
+                assert container["command"] == entrypoint, (overlay.name, container["name"])
+                checked += 1
+    assert checked >= 6  # webhook in 4 overlays, the audit consumer in the 2 with eventing
 
 
 def test_container_answers_a_review_logs_the_event_and_stops_on_sigterm(container: Container) -> None:
