@@ -176,3 +176,16 @@ def test_project_has_the_func_create_python_layout() -> None:
     from function import new as exported
 
     assert exported is new
+
+
+def test_importing_the_package_does_not_build_a_webhook() -> None:
+    # `new` is resolved lazily: the CLI and the pure core must not import the servers (and build
+    # a webhook from $CASTSLICE_CONFIG) just because func's scaffolding needs `function.new`.
+    probe = "import sys, function.cli, function.engine; print('function.func' in sys.modules)"
+    env = {**os.environ, "CASTSLICE_CONFIG": "/nonexistent/castslice.yaml"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "False"
+    import function
+
+    with pytest.raises(AttributeError, match="handle"):
+        function.handle  # noqa: B018 - func's scaffolding falls back to `handle`: there is none
