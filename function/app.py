@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 
 from function.admission import Admission
-from function.audit.recorder import build_recorder
+from function.audit.recorder import AuditRecorder, build_recorder
 from function.cluster import EMPTY_VIEW, ClusterView, WatchSpec
 from function.config import Config, load_config
 from function.engine import Engine
@@ -50,9 +50,24 @@ def build_webhook(
     ``freeze_gc``: keep the garbage collector off the view's objects (see ClusterWatcher); tests
     that build many webhooks in one process turn it off.
     """
+    return build_webhook_and_recorder(
+        config, environ, transport=transport, watches=watches, freeze_gc=freeze_gc
+    )[0]
+
+
+def build_webhook_and_recorder(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    transport: Transport | None = None,
+    watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
+) -> tuple[WebhookHttp, AuditRecorder]:
+    """build_webhook, plus its recorder for hosts that start and drain the audit sender
+    themselves (the Knative Functions instance in func.py); ``environ`` also names the config."""
     configure_logging()
-    config = load_config() if config is None else config
     environ = os.environ if environ is None else environ
+    config = load_config(dict(environ)) if config is None else config
     engine = Engine(config)
     recorder = build_recorder(config, environ)
     watcher = start_watcher(
@@ -77,7 +92,7 @@ def build_webhook(
 
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text)
     webhook.watcher = watcher
-    return webhook
+    return webhook, recorder
 
 
 def start_watcher(

@@ -82,7 +82,11 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(overlay, tmp_path)],
-                "components": [os.path.relpath(component, tmp_path)],
+                # settings again, last, as overlays list it: the binding's subject gets its namespace.
+                "components": [
+                    os.path.relpath(component, tmp_path),
+                    os.path.relpath(KNATIVE_DIR / "components" / "settings", tmp_path),
+                ],
             }
         )
     )

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "knative" / "overlays" / "deployment"
 COMPONENT = ROOT / "knative" / "components" / "cluster-view"
+SETTINGS = ROOT / "knative" / "components" / "settings"
 SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 NAMESPACE = "view-e2e"
 
@@ -60,7 +61,7 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(OVERLAY, tmp_path)],
-                "components": [os.path.relpath(COMPONENT, tmp_path)],
+                "components": [os.path.relpath(COMPONENT, tmp_path), os.path.relpath(SETTINGS, tmp_path)],
             }
         )
     )
