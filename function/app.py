@@ -40,12 +40,15 @@ def build_webhook(
     *,
     transport: Transport | None = None,
     watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
 ) -> WebhookHttp:
     """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
 
     ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout,
     and, when an enabled mutator needs cluster state, the credentials of the watches (in-cluster
     ServiceAccount, else $KUBECONFIG). ``transport`` and ``watches`` replace those (tests).
+    ``freeze_gc``: keep the garbage collector off the view's objects (see ClusterWatcher); tests
+    that build many webhooks in one process turn it off.
     """
     configure_logging()
     config = load_config() if config is None else config
@@ -53,7 +56,11 @@ def build_webhook(
     engine = Engine(config)
     recorder = build_recorder(config, environ)
     watcher = start_watcher(
-        watches_for(config) if watches is None else watches, environ, transport, recorder.metrics.registry
+        watches_for(config) if watches is None else watches,
+        environ,
+        transport,
+        recorder.metrics.registry,
+        freeze_gc,
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
     # Spot placement: this process's recent decisions join each snapshot until the view shows them.
@@ -78,6 +85,7 @@ def start_watcher(
     environ: Mapping[str, str],
     transport: Transport | None,
     registry: CollectorRegistry,
+    freeze_gc: bool = True,
 ) -> ClusterWatcher | None:
     """The cluster view's watches, started; None (no thread, no credentials read) when no enabled
     mutator needs any."""
@@ -86,7 +94,10 @@ def start_watcher(
     watched = ", ".join(f"{spec.plural}" + (" (metadata)" if spec.metadata_only else "") for spec in specs)
     log.info("cluster view: watching %s", watched)
     watcher = ClusterWatcher(
-        specs, transport if transport is not None else kube_transport(environ), registry=registry
+        specs,
+        transport if transport is not None else kube_transport(environ),
+        registry=registry,
+        freeze_gc=freeze_gc,
     )
     watcher.start()
     return watcher

@@ -180,7 +180,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
+def measure(pods: int, churn: float, reviews: int, freeze: bool = True) -> dict[str, Any]:
     from function.app import build_webhook
     from function.config import parse_config
     from function.engine import Engine
@@ -203,12 +203,17 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
         del warm
         before = settle()
         started = time.perf_counter()
-        webhook = build_webhook(config, {}, transport=transport, watches=(PODS, REPLICASETS))
+        webhook = build_webhook(
+            config, {}, transport=transport, watches=(PODS, REPLICASETS), freeze_gc=freeze
+        )
         watcher = webhook.watcher
         assert watcher.wait_synced(600)
         synced_in = time.perf_counter() - started
         after = settle()
         held = len(watcher.snapshot().index("pods"))
+        t0 = time.perf_counter()
+        gc.collect()
+        full_gc_ms = (time.perf_counter() - t0) * 1e3
 
         webhook.admission.engine = Engine(config, mutators=[SiblingCounter()], shadow=[])
         review = json.loads(
@@ -247,7 +252,19 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
                 assert reply.status == 200
             return samples
 
+        pauses: list[tuple[int, float]] = []
+        began: list[float] = [0.0]
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pauses.append((info["generation"], time.perf_counter() - began[0]))
+
+        gc.callbacks.append(on_gc)
         whole = timed_reviews(webhook)
+        gc.callbacks.remove(on_gc)
+        full = [seconds for generation, seconds in pauses if generation == 2]
         # The same reviews on a webhook without a view, in the same process and moment: what the
         # view adds to a review, apart from this machine's noise.
         bare = build_webhook(config, {}, watches=())
@@ -271,6 +288,9 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
             "rss_per_pod": (after - before) / pods,
             "review_p50_ms": percentile(whole, 0.5) * 1e3,
             "review_p99_ms": percentile(whole, 0.99) * 1e3,
+            "full_gc_ms": full_gc_ms,
+            "gc_full": len(full),
+            "gc_full_max_ms": max(full, default=0.0) * 1e3,
             "bare_p50_ms": percentile(baseline, 0.5) * 1e3,
             "bare_p99_ms": percentile(baseline, 0.99) * 1e3,
             "view_p50_us": percentile(view_only, 0.5) * 1e6,
@@ -291,6 +311,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, action="append", help="view size (repeatable)")
     parser.add_argument("--churn", type=float, default=0.0, help="Pod updates per second during the run")
     parser.add_argument("--reviews", type=int, default=5000)
+    parser.add_argument("--no-gc-freeze", action="store_true", help="leave the view to the garbage collector")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -298,14 +319,16 @@ def main() -> int:
         return 0
     print("pods    held    sync   RSS     RSS/Pod review p50/p99 (no view)  view p50/p99  API req. answering")
     for pods in args.pods or [10_000, 100_000]:
-        r = measure(pods, args.churn, args.reviews)
+        r = measure(pods, args.churn, args.reviews, not args.no_gc_freeze)
         print(
             f"{r['pods']:<8} {r['held']:<7} {r['sync_s']:5.1f}s  {r['rss_mib']:6.1f}Mi  "
             f"{r['rss_per_pod']:5.0f} B  {r['review_p50_ms']:.3f}/{r['review_p99_ms']:.3f} ms "
             f"({r['bare_p50_ms']:.3f}/{r['bare_p99_ms']:.3f})  "
             f"{r['view_p50_us']:.1f}/{r['view_p99_us']:.1f} us"
             f"     {r['requests_during_reviews']} (apiserver saw {r['apiserver_saw_during_reviews']}; "
-            f"{r['apiserver_requests_total']} in all, the sync)",
+            f"{r['apiserver_requests_total']} in all, the sync); "
+            f"a full GC after the sync {r['full_gc_ms']:.1f} ms; during the reviews {r['gc_full']}, "
+            f"longest {r['gc_full_max_ms']:.1f} ms",
             flush=True,
         )
     return 0

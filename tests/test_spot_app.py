@@ -55,7 +55,9 @@ def api() -> Iterator[FakeApiServer]:
 
 def webhook_for(api: FakeApiServer, spot: dict[str, Any]) -> Iterator[WebhookHttp]:
     config = parse_config({"gpuSlicing": {"enabled": False}, "spot": {"enabled": True, **spot}})
-    webhook = build_webhook(config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     try:
         assert webhook.watcher is not None and webhook.watcher.wait_synced(10)
         yield webhook

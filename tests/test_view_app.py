@@ -84,7 +84,9 @@ def test_no_watch_means_no_thread_no_credentials_and_ready(webhooks: list[Webhoo
 
 def test_watches_without_credentials_stop_start_up_with_a_clear_message() -> None:
     with pytest.raises(NoCredentials, match=r"needs the cluster view .* no usable kubeconfig"):
-        build_webhook(parse_config({}), {"KUBECONFIG": "/nonexistent/kubeconfig"}, watches=(PODS,))
+        build_webhook(
+            parse_config({}), {"KUBECONFIG": "/nonexistent/kubeconfig"}, watches=(PODS,), freeze_gc=False
+        )
 
 
 def test_readyz_waits_for_the_watches_then_reviews_read_one_snapshot_and_make_no_request(
@@ -94,7 +96,9 @@ def test_readyz_waits_for_the_watches_then_reviews_read_one_snapshot_and_make_no
     api.load(PODS.path(), [make_pod(f"web-{i}", owner, placement="spot") for i in range(3)])
     api.fail = [503] * 3  # the apiserver is not answering yet
     config = parse_config({})
-    webhook = build_webhook(config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     webhooks.append(webhook)
     assert webhook.handle("GET", "/readyz", None).status == 503
     assert webhook.watcher is not None and webhook.watcher.wait_synced(10)

@@ -84,23 +84,18 @@ def create(api: Any, obj: dict[str, Any]) -> None:
 
 
 class Gate:
-    """Wraps the real transport: can hold watch requests back, and make the next watch ask for an
-    ancient resourceVersion, which the apiserver answers with 410 Gone."""
+    """Wraps the real transport: counts requests, and can hold watch requests back."""
 
     def __init__(self, inner: KubeTransport) -> None:
         self.inner = inner
         self.open = threading.Event()
         self.open.set()
-        self.ancient_next = False
         self.requests: list[tuple[str, str]] = []
 
     def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Response:
         verb = "watch" if "watch" in query else "list"
         if verb == "watch":
-            self.open.wait(60)
-            if self.ancient_next:
-                self.ancient_next = False
-                query = {**query, "resourceVersion": "1"}
+            self.open.wait(120)
         self.requests.append((verb, path))
         return self.inner.get(path, query, accept, read_timeout)
 
@@ -209,7 +204,9 @@ def relists(watcher: ClusterWatcher) -> float:
 @pytest.fixture
 def gated_webhook(kubeconfig: Path) -> Iterator[tuple[WebhookHttp, Gate]]:
     gate = Gate(kube_transport({"KUBECONFIG": str(kubeconfig)}))
-    webhook = build_webhook(parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     try:
         yield webhook, gate
     finally:
@@ -314,24 +311,37 @@ def test_a_410_relists_and_the_view_ends_equal_to_the_apiserver(
     gone = create_pod(control_plane, pod_manifest(f"gone-{uuid.uuid4().hex[:6]}"))
     eventually(lambda: gone in webhook.admission.cluster().index("pods"))
     before = relists(watcher)
-    # Hold the watch back, break it, change the cluster meanwhile, then resume from an ancient
-    # resourceVersion: the apiserver answers 410 and the view must list again.
+    # Hold the watch back and break it; change the cluster meanwhile; restart the apiserver, whose
+    # new watch cache starts after the view's resourceVersion: resuming is answered 410 Gone
+    # ("too old resource version"), and the view must list again.
     gate.open.clear()
-    gate.ancient_next = True
     watcher.transport.interrupt(watcher._open["pods"])
     delete_pod(control_plane, webhook.admission.cluster().index("pods")[gone].name)
     new = create_pod(control_plane, pod_manifest(f"new-{uuid.uuid4().hex[:6]}"))
-    time.sleep(0.5)
+    restart_apiserver(control_plane)
     assert gone in webhook.admission.cluster().index("pods")  # the view could not know yet
     gate.open.set()
     eventually(lambda: relists(watcher) == before + 1, what="a relist after 410")
     eventually(
         lambda: view_pod_uids(webhook.admission.cluster()) == live_pod_uids(control_plane), what="equal"
     )
-    assert new in webhook.admission.cluster().index("pods") and gone not in webhook.admission.cluster().index(
-        "pods"
-    )
+    view = webhook.admission.cluster().index("pods")
+    assert new in view and gone not in view
     assert webhook.handle("GET", "/readyz", None).status == 200  # stayed ready throughout
+
+
+def restart_apiserver(control_plane: ControlPlane) -> None:
+    apiserver = control_plane._process("kube-apiserver")
+    apiserver.stop()
+    apiserver.start()
+
+    def ready() -> bool:
+        try:
+            return control_plane.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    eventually(ready, timeout=90, what="the apiserver back")
 
 
 class CountingProbe:
@@ -373,10 +383,7 @@ def test_an_apiserver_restart_is_survived(
     eventually(lambda: "pods" in watcher._open, what="the Pod watch open")
     lists_before = sum(1 for verb, path in gate.requests if verb == "list" and path == "/api/v1/pods")
     relists_before = relists(watcher)
-    apiserver = control_plane._process("kube-apiserver")
-    apiserver.stop()
-    apiserver.start()
-    eventually(lambda: control_plane.get("/readyz")[0] == 200, timeout=90, what="the apiserver back")
+    restart_apiserver(control_plane)
     # The watch resumes (from its resourceVersion, or by a relist on 410 if the new watch cache
     # starts later); either way a Pod created after the restart reaches the view.
     after = create_pod(control_plane, pod_manifest(f"after-{uuid.uuid4().hex[:6]}"))
