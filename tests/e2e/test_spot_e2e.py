@@ -98,7 +98,8 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == SA_NAME]
 
 
-def create(api: Any, obj: dict[str, Any]) -> None:
+def create(api: Any, obj: dict[str, Any]) -> bool:
+    """Create ``obj``; False when it already existed (another test module made it)."""
     from kubernetes import client, utils
 
     try:
@@ -106,14 +107,39 @@ def create(api: Any, obj: dict[str, Any]) -> None:
     except utils.FailToCreateError as error:
         if not all(isinstance(e, client.ApiException) and e.status == 409 for e in error.api_exceptions):
             raise
+        return False
+    return True
 
 
-def service_account_kubeconfig(plane: ControlPlane, directory: Path) -> Path:
+def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
+    """Remove what this module created (a later module's dry run of the manifests must not find it)."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
+        for obj in reversed(created):
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind == "ClusterRoleBinding":
+                rbac.delete_cluster_role_binding(name)
+            elif kind == "ClusterRole":
+                rbac.delete_cluster_role(name)
+            elif kind == "ServiceAccount":
+                core.delete_namespaced_service_account(name, obj["metadata"]["namespace"])
+            elif kind == "Namespace":
+                core.delete_namespace(name)
+                eventually(
+                    lambda name=name: plane.get(f"/api/v1/namespaces/{name}")[0] == 404, 120, f"{name} gone"
+                )
+
+
+def service_account_kubeconfig(plane: ControlPlane, directory: Path, created: list[dict[str, Any]]) -> Path:
+    """Apply the rendered RBAC (what was new is appended to ``created``); a token kubeconfig."""
     from kubernetes import client
 
     with plane.api_client() as api:
         for obj in rendered_rbac(directory):
-            create(api, obj)
+            if create(api, obj):
+                created.append(obj)
         plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
         token = (
             client.CoreV1Api(api)
@@ -306,7 +332,8 @@ def webhook_configuration(server: SpotServer | TwoBehindOne, ca: bytes) -> dict[
 def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from kubernetes import client
 
-    kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("spot-rbac"))
+    created: list[dict[str, Any]] = []
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("spot-rbac"), created)
     events = EventLog()
     sink_url, sink = start_event_sink(events)
     servers = {
@@ -364,6 +391,7 @@ def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
             server.stop()
         sink.shutdown()
         api.close()
+        delete_created(control_plane, created)
 
 
 def _wait_active(core: Any) -> None:
