@@ -492,19 +492,26 @@ def test_a_stored_vgpu_pod_sent_again_gains_nothing(cluster: dict[str, Any]) -> 
     assert second["spec"]["schedulerName"] == "hami-scheduler"
 
 
-def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any]) -> None:
-    """The CRDs go in as shipped (CEL rules included) and every rendered object as rendered
-    (policy/v1 PodDisruptionBudget included): the apiserver validates them all for real."""
-    from tests.e2e.crds import apply_dry_run, install_crds
+@pytest.fixture(scope="module")
+def crds(cluster: dict[str, Any]) -> None:
+    """The Knative and cert-manager CRDs, installed as shipped (CEL rules included)."""
+    from tests.e2e.crds import install_crds
 
     install_crds(cluster["api"])
+
+
+def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any], crds: None) -> None:
+    """Every rendered object goes in as rendered (policy/v1 PodDisruptionBudget included), beside
+    the CRDs as shipped: the apiserver validates them all for real."""
+    from tests.e2e.crds import apply_dry_run
+
     for directory in kustomization_dirs():  # components render only inside an overlay
         apply_dry_run(cluster["api"], render(directory), str(directory.relative_to(ROOT)))
 
 
-def test_crd_cel_rules_are_enforced(cluster: dict[str, Any]) -> None:
+def test_crd_cel_rules_are_enforced(cluster: dict[str, Any], crds: None) -> None:
     """The CRDs' x-kubernetes-validations are compiled and enforced, not stripped: cert-manager's
-    Issuer allows exactly one Venafi back end. (Runs after the test above installed the CRDs.)"""
+    Issuer allows exactly one Venafi back end."""
     from kubernetes import dynamic
     from kubernetes.client.exceptions import ApiException
 
