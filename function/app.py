@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 
 from function.admission import Admission
-from function.audit.recorder import build_recorder
+from function.audit.recorder import AuditRecorder, build_recorder
 from function.cluster import EMPTY_VIEW, ClusterView, WatchSpec
 from function.config import Config, load_config
 from function.engine import Engine
@@ -40,20 +40,42 @@ def build_webhook(
     *,
     transport: Transport | None = None,
     watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
 ) -> WebhookHttp:
     """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
 
     ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout,
     and, when an enabled mutator needs cluster state, the credentials of the watches (in-cluster
     ServiceAccount, else $KUBECONFIG). ``transport`` and ``watches`` replace those (tests).
+    ``freeze_gc``: keep the garbage collector off the view's objects (see ClusterWatcher); tests
+    that build many webhooks in one process turn it off.
     """
+    return build_webhook_and_recorder(
+        config, environ, transport=transport, watches=watches, freeze_gc=freeze_gc
+    )[0]
+
+
+def build_webhook_and_recorder(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    transport: Transport | None = None,
+    watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
+) -> tuple[WebhookHttp, AuditRecorder]:
+    """build_webhook, plus its recorder for hosts that start and drain the audit sender
+    themselves (the Knative Functions instance in func.py); ``environ`` also names the config."""
     configure_logging()
-    config = load_config() if config is None else config
     environ = os.environ if environ is None else environ
+    config = load_config(dict(environ)) if config is None else config
     engine = Engine(config)
     recorder = build_recorder(config, environ)
     watcher = start_watcher(
-        watches_for(config) if watches is None else watches, environ, transport, recorder.metrics.registry
+        watches_for(config) if watches is None else watches,
+        environ,
+        transport,
+        recorder.metrics.registry,
+        freeze_gc,
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
     # Spot placement: this process's recent decisions join each snapshot until the view shows them.
@@ -70,7 +92,7 @@ def build_webhook(
 
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text)
     webhook.watcher = watcher
-    return webhook
+    return webhook, recorder
 
 
 def start_watcher(
@@ -78,6 +100,7 @@ def start_watcher(
     environ: Mapping[str, str],
     transport: Transport | None,
     registry: CollectorRegistry,
+    freeze_gc: bool = True,
 ) -> ClusterWatcher | None:
     """The cluster view's watches, started; None (no thread, no credentials read) when no enabled
     mutator needs any."""
@@ -86,7 +109,10 @@ def start_watcher(
     watched = ", ".join(f"{spec.plural}" + (" (metadata)" if spec.metadata_only else "") for spec in specs)
     log.info("cluster view: watching %s", watched)
     watcher = ClusterWatcher(
-        specs, transport if transport is not None else kube_transport(environ), registry=registry
+        specs,
+        transport if transport is not None else kube_transport(environ),
+        registry=registry,
+        freeze_gc=freeze_gc,
     )
     watcher.start()
     return watcher

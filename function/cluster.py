@@ -59,7 +59,8 @@ NO_OWNER = Owner()
 
 
 class PodRecord(NamedTuple):
-    """What the view keeps of a Pod: about 0.3 KiB at 100k Pods, not the object's 5-20 KiB."""
+    """What the view keeps of a Pod: about 0.5 KiB at 100k Pods (indices included, measured by
+    tests/benchmark_view.py), not the object's 5-20 KiB."""
 
     namespace: str
     name: str
@@ -203,8 +204,8 @@ class WatchSpec:
     """Watch PartialObjectMetadata (labels, owners, deletion timestamp only): a fraction of the
     bytes and JSON parsing of whole Pods."""
     slim: Callable[[Mapping[str, Any]], Record | None] = field(default=_keep)
-    """Raw object -> small immutable record kept in the index (pure); None: not kept. The record
-    needs a ``uid`` attribute (its key) unless it is the object itself (the default)."""
+    """Raw object -> small immutable record kept in the index (pure); None: not kept (the object
+    is dropped from the index, e.g. a Pod that finished). The default keeps the object itself."""
     key: Callable[[Mapping[str, Any]], str] = uid_of
     """Raw object -> its key in the index: the uid (default), or ``name_of`` for an index that
     mutators look up by name (Namespaces by their name)."""

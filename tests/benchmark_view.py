@@ -180,7 +180,9 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
+def measure(
+    pods: int, churn: float, reviews: int, freeze: bool = True, decision: str = "spot"
+) -> dict[str, Any]:
     from function.app import build_webhook
     from function.config import parse_config
     from function.engine import Engine
@@ -197,20 +199,31 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
         hello = json.loads(child.stdout.readline())  # type: ignore[union-attr]
         # Audit events off (decisions are not what is measured); the webhook and the transport are
         # built - every module imported - before the baseline, so RSS growth is the view's own.
-        config = parse_config({"audit": {"sink": "none"}})
+        settings: dict[str, Any] = {"audit": {"sink": "none"}}
+        if decision == "spot":
+            # The real spot mutator, partial split (CAST AI's partialSpot preset: 40 % of each
+            # ReplicaSet on spot), counting the siblings in the view; GPU slicing off.
+            settings |= {"gpuSlicing": {"enabled": False}, "spot": {"enabled": True, "preset": "partialSpot"}}
+        config = parse_config(settings)
         transport = transport_for(hello["url"])
         warm = build_webhook(config, {}, transport=transport, watches=())
         del warm
         before = settle()
         started = time.perf_counter()
-        webhook = build_webhook(config, {}, transport=transport, watches=(PODS, REPLICASETS))
+        webhook = build_webhook(
+            config, {}, transport=transport, watches=(PODS, REPLICASETS), freeze_gc=freeze
+        )
         watcher = webhook.watcher
         assert watcher.wait_synced(600)
         synced_in = time.perf_counter() - started
         after = settle()
         held = len(watcher.snapshot().index("pods"))
+        t0 = time.perf_counter()
+        gc.collect()
+        full_gc_ms = (time.perf_counter() - t0) * 1e3
 
-        webhook.admission.engine = Engine(config, mutators=[SiblingCounter()], shadow=[])
+        if decision != "spot":
+            webhook.admission.engine = Engine(config, mutators=[SiblingCounter()], shadow=[])
         review = json.loads(
             (
                 ROOT / "tests" / "data" / "admission-reviews" / "default-inference-fleet-64d4bcc9b8.json"
@@ -247,11 +260,24 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
                 assert reply.status == 200
             return samples
 
+        pauses: list[tuple[int, float]] = []
+        began: list[float] = [0.0]
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pauses.append((info["generation"], time.perf_counter() - began[0]))
+
+        gc.callbacks.append(on_gc)
         whole = timed_reviews(webhook)
+        gc.callbacks.remove(on_gc)
+        full = [seconds for generation, seconds in pauses if generation == 2]
         # The same reviews on a webhook without a view, in the same process and moment: what the
         # view adds to a review, apart from this machine's noise.
         bare = build_webhook(config, {}, watches=())
-        bare.admission.engine = Engine(config, mutators=[SiblingCounter()], shadow=[])
+        if decision != "spot":  # (spot without a view decides by a hash split instead)
+            bare.admission.engine = Engine(config, mutators=[SiblingCounter()], shadow=[])
         baseline = timed_reviews(bare)
         view_only: list[float] = []
         for n in range(reviews):
@@ -260,17 +286,25 @@ def measure(pods: int, churn: float, reviews: int) -> dict[str, Any]:
             count(watcher.snapshot(), owner)
             view_only.append(time.perf_counter() - t0)
 
+        from function.wire import parse_review
+
+        decided = webhook.admission.review(parse_review(bodies[0])).decision
+        sample = "; ".join(m.reason for m in decided.decisions) if decided is not None else "(no decision)"
         served_after, counted_after = served(), watcher.api_requests()
         watcher.stop()
         child.stdin.close()  # type: ignore[union-attr]
         return {
             "pods": pods,
             "held": held,
+            "sample": sample,
             "sync_s": synced_in,
             "rss_mib": (after - before) / 2**20,
             "rss_per_pod": (after - before) / pods,
             "review_p50_ms": percentile(whole, 0.5) * 1e3,
             "review_p99_ms": percentile(whole, 0.99) * 1e3,
+            "full_gc_ms": full_gc_ms,
+            "gc_full": len(full),
+            "gc_full_max_ms": max(full, default=0.0) * 1e3,
             "bare_p50_ms": percentile(baseline, 0.5) * 1e3,
             "bare_p99_ms": percentile(baseline, 0.99) * 1e3,
             "view_p50_us": percentile(view_only, 0.5) * 1e6,
@@ -291,6 +325,13 @@ def main() -> int:
     parser.add_argument("--pods", type=int, action="append", help="view size (repeatable)")
     parser.add_argument("--churn", type=float, default=0.0, help="Pod updates per second during the run")
     parser.add_argument("--reviews", type=int, default=5000)
+    parser.add_argument("--no-gc-freeze", action="store_true", help="leave the view to the garbage collector")
+    parser.add_argument(
+        "--decision",
+        choices=("spot", "siblings"),
+        default="spot",
+        help="spot: the real spot mutator (partialSpot); siblings: only count siblings by placement",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -298,16 +339,19 @@ def main() -> int:
         return 0
     print("pods    held    sync   RSS     RSS/Pod review p50/p99 (no view)  view p50/p99  API req. answering")
     for pods in args.pods or [10_000, 100_000]:
-        r = measure(pods, args.churn, args.reviews)
+        r = measure(pods, args.churn, args.reviews, not args.no_gc_freeze, args.decision)
         print(
             f"{r['pods']:<8} {r['held']:<7} {r['sync_s']:5.1f}s  {r['rss_mib']:6.1f}Mi  "
             f"{r['rss_per_pod']:5.0f} B  {r['review_p50_ms']:.3f}/{r['review_p99_ms']:.3f} ms "
             f"({r['bare_p50_ms']:.3f}/{r['bare_p99_ms']:.3f})  "
             f"{r['view_p50_us']:.1f}/{r['view_p99_us']:.1f} us"
             f"     {r['requests_during_reviews']} (apiserver saw {r['apiserver_saw_during_reviews']}; "
-            f"{r['apiserver_requests_total']} in all, the sync)",
+            f"{r['apiserver_requests_total']} in all, the sync); "
+            f"a full GC after the sync {r['full_gc_ms']:.1f} ms; during the reviews {r['gc_full']}, "
+            f"longest {r['gc_full_max_ms']:.1f} ms",
             flush=True,
         )
+        print(f"         a decision: {r['sample'][:220]}", flush=True)
     return 0
 
 

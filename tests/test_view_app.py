@@ -18,9 +18,10 @@ from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, load_st
 from function.config import parse_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
-from function.manifests import mutate_document
+from function.manifests import mutate_chunk
 from function.mutators.base import MutatorResult, RequestContext
 from function.watch import NoCredentials, watches_for
+from function.yamldoc import load_documents
 from tests.support import load_review
 from tests.view_support import FakeApiServer, make_pod, transport_for
 
@@ -84,7 +85,9 @@ def test_no_watch_means_no_thread_no_credentials_and_ready(webhooks: list[Webhoo
 
 def test_watches_without_credentials_stop_start_up_with_a_clear_message() -> None:
     with pytest.raises(NoCredentials, match=r"needs the cluster view .* no usable kubeconfig"):
-        build_webhook(parse_config({}), {"KUBECONFIG": "/nonexistent/kubeconfig"}, watches=(PODS,))
+        build_webhook(
+            parse_config({}), {"KUBECONFIG": "/nonexistent/kubeconfig"}, watches=(PODS,), freeze_gc=False
+        )
 
 
 def test_readyz_waits_for_the_watches_then_reviews_read_one_snapshot_and_make_no_request(
@@ -94,7 +97,9 @@ def test_readyz_waits_for_the_watches_then_reviews_read_one_snapshot_and_make_no
     api.load(PODS.path(), [make_pod(f"web-{i}", owner, placement="spot") for i in range(3)])
     api.fail = [503] * 3  # the apiserver is not answering yet
     config = parse_config({})
-    webhook = build_webhook(config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        config, {}, transport=transport_for(api.url), watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     webhooks.append(webhook)
     assert webhook.handle("GET", "/readyz", None).status == 503
     assert webhook.watcher is not None and webhook.watcher.wait_synced(10)
@@ -128,38 +133,43 @@ def test_readyz_waits_for_the_watches_then_reviews_read_one_snapshot_and_make_no
 
 
 # -- offline: castslice mutate --cluster ----------------------------------------------------------
-def test_mutate_document_hands_the_state_to_the_mutators() -> None:
+def test_mutate_chunk_hands_the_state_to_the_mutators() -> None:
     probe = SiblingProbe()
     engine = Engine(parse_config({}), mutators=[probe], shadow=[])
     pod = json.loads(review_for(RS_UID))["request"]["object"]
-    mutate_document(engine, 0, pod, "default", load_state(STATE))
+    (chunk,) = load_documents(json.dumps(pod), "pod.json")
+    mutate_chunk(engine, chunk, "pod.json", 0, "default", load_state(STATE))
     assert probe.seen[-1][2] == 3 and probe.seen[-1][1].available
-    mutate_document(engine, 0, pod, "default")
+    mutate_chunk(engine, chunk, "pod.json", 0, "default")
     assert probe.seen[-1][1] is EMPTY_VIEW  # no file: the mutator is told there is no state
 
 
-def test_cli_mutate_reads_the_cluster_state(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+OWNED_POD = f"""apiVersion: v1
+kind: Pod
+metadata:
+  generateName: web-7d4b9c-
+  namespace: shop
+  ownerReferences:
+  - {{apiVersion: apps/v1, kind: ReplicaSet, name: web-7d4b9c, uid: {RS_UID}, controller: true}}
+spec:
+  containers: [{{name: c, image: i}}]
+"""
+
+
+def test_cli_mutate_decides_over_the_cluster_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen: list[ClusterView] = []
-    real = cli.mutate_document
-
-    def spy(
-        engine: Engine, index: int, document: Any, namespace: str, cluster: ClusterView = EMPTY_VIEW
-    ) -> Any:
-        seen.append(cluster)
-        return real(engine, index, document, namespace, cluster)
-
-    monkeypatch.setattr(cli, "mutate_document", spy)
+    # The real spot mutator's partial split counts the ReplicaSet's Pods in --cluster's state.
+    config = tmp_path / "config.yaml"
+    config.write_text("gpuSlicing: {enabled: false}\nspot: {enabled: true, preset: partialSpot}\n")
     pod = tmp_path / "pod.yaml"
-    pod.write_text(
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i}]}\n"
-    )
-    assert cli.main(["mutate", "-f", str(pod), "--cluster", str(STATE)]) == 0
-    assert seen[-1].available and len(seen[-1].index("pods")) == 4
-    assert cli.main(["mutate", "-f", str(pod)]) == 0
-    assert seen[-1] is EMPTY_VIEW
-    capsys.readouterr()
+    pod.write_text(OWNED_POD)
+    assert cli.main(["mutate", "-f", str(pod), "--config", str(config), "--cluster", str(STATE)]) == 0
+    err = capsys.readouterr().err
+    assert "siblings 1 spot, 1 on-demand, 0 unplaced" in err, err  # the terminating and failed Pods not
+    assert cli.main(["mutate", "-f", str(pod), "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "hash split (no cluster view)" in err, err  # no state: said so, not guessed silently
 
 
 def test_cli_mutate_names_a_bad_state_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,8 +23,12 @@ from function.config import load_config_file
 from function.mutators import PLUGINS
 from function.watch import watches_for
 
-OVERLAYS = (KNATIVE_DIR / "overlays" / "knative-route", KNATIVE_DIR / "overlays" / "deployment")
+OVERLAYS = tuple(
+    KNATIVE_DIR / "overlays" / name
+    for name in ("knative-route", "deployment", "knative-route-eventing", "deployment-eventing")
+)
 COMPONENT = KNATIVE_DIR / "components" / "cluster-view"
+SETTINGS = KNATIVE_DIR / "components" / "settings"
 ACCOUNT, NAMESPACE = "castslice", "castslice-system"
 
 
@@ -75,16 +79,17 @@ def with_component(overlay: Path, tmp_path: Path) -> list[dict[str, Any]]:
     """``overlay`` plus the cluster-view component, as a user's kustomization would include it
     (the overlay as it is when it already includes it: the shipped configuration enables
     PodMutations, which watch)."""
-    included = yaml.safe_load((overlay / "kustomization.yaml").read_text()).get("components") or []
-    if any((overlay / path).resolve() == COMPONENT.resolve() for path in included):
-        return render(overlay)
+    shipped = render(overlay)
+    if any(o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped):
+        return shipped
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(overlay, tmp_path)],
-                "components": [os.path.relpath(COMPONENT, tmp_path)],
+                # settings again, last, as an overlay lists it: the binding gets the namespace.
+                "components": [os.path.relpath(COMPONENT, tmp_path), os.path.relpath(SETTINGS, tmp_path)],
             }
         )
     )
@@ -119,8 +124,9 @@ def test_the_component_grants_list_watch_and_mounts_the_token(overlay: Path, tmp
     needed = every_plugin_watch() or (PODS, REPLICASETS)
     assert granted_rules(objs) == rbac_rules(needed)
     assert token_mounted(objs)
-    (audit,) = [spec for owner, spec in pod_specs(objs) if owner["metadata"]["name"] == "castslice-audit"]
-    assert audit["automountServiceAccountToken"] is False  # only the webhook watches
+    for owner, spec in pod_specs(objs):
+        if owner["metadata"]["name"] != ACCOUNT:  # the audit consumer (eventing): no token
+            assert spec["automountServiceAccountToken"] is False
 
 
 def test_granted_rules_sees_a_missing_or_extra_grant(tmp_path: Path) -> None:

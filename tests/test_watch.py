@@ -211,14 +211,15 @@ def test_seconds_since_last_event_is_computed_at_scrape(
     api: FakeApiServer, watchers: list[ClusterWatcher]
 ) -> None:
     now = [1000.0]
-    watcher = started(api, clock=lambda: now[0])
+    watcher = ClusterWatcher((PODS,), transport_for(api.url), clock=lambda: now[0])
     watchers.append(watcher)
     before = watcher.metrics_text().decode()
+    watcher.start()
     assert watcher.wait_synced(5)
     now[0] += 42.5
     text = watcher.metrics_text().decode()
-    if 'castslice_view_seconds_since_last_event{index="pods"} -1.0' not in before:
-        pytest.fail("before the first list the gauge is -1 (never heard from the apiserver)")
+    # Before the first list the gauge is -1: never heard from the apiserver.
+    assert 'castslice_view_seconds_since_last_event{index="pods"} -1.0' in before
     assert 'castslice_view_seconds_since_last_event{index="pods"} 42.5' in text
 
 
@@ -270,3 +271,27 @@ def test_a_watch_closed_at_once_backs_off_instead_of_spinning(
         time.sleep(0.005)
     assert len(api.requests("watch")) <= 20
     assert len(api.requests("list")) == 1  # resumed, never relisted
+
+
+def test_freeze_gc_keeps_the_collector_off_the_view(
+    api: FakeApiServer, watchers: list[ClusterWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch, "FREEZE_EVERY", 3)
+    frozen: list[int] = []
+    api.load(POD_PATH, [make_pod(f"p{i}") for i in range(5)])
+    watcher = ClusterWatcher((PODS,), transport_for(api.url), backoff=(0.01, 0.05), freeze_gc=True)
+    watcher._gc_freeze = lambda: frozen.append(1)  # the test process's collector stays as it is
+    watcher.start()
+    watchers.append(watcher)
+    assert watcher.wait_synced(5)
+    assert len(frozen) == 1  # after the list
+    eventually(lambda: len(api.requests("watch")) == 1)
+    for i in range(6):
+        api.put(POD_PATH, make_pod(f"n{i}"))
+    eventually(lambda: len(watcher.snapshot().index("pods")) == 11)
+    assert len(frozen) == 3  # and every FREEZE_EVERY events
+    off = ClusterWatcher((PODS,), transport_for(api.url))  # the default leaves the collector alone
+    off._gc_freeze = lambda: frozen.append(2)
+    off.start()
+    watchers.append(off)
+    assert off.wait_synced(5) and 2 not in frozen

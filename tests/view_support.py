@@ -10,6 +10,7 @@ same watcher against a real kube-apiserver.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -48,6 +49,13 @@ def make_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client hanging up on a watch stream (stop, interrupt) is normal here, not a failure.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FakeApiServer:
     def __init__(self) -> None:
         self.lock = threading.Condition()
@@ -62,7 +70,7 @@ class FakeApiServer:
         self.seen: list[Seen] = []
         self._generation = 0  # bumping it ends every open watch stream
         self._sorted: dict[str, tuple[int, list[dict[str, Any]]]] = {}
-        server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        server = _QuietServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self.server = server
         self.url = f"http://127.0.0.1:{server.server_address[1]}"

@@ -382,6 +382,11 @@ class Spot:
             return f"namespace {namespace} is the webhook's own"
         metadata = pod.get("metadata")
         metadata = metadata if isinstance(metadata, dict) else {}
+        for key in ("labels", "annotations"):
+            if not isinstance(metadata.get(key), dict | None):
+                # No placement label could be written, so a reinvocation would decide again:
+                # the apiserver rejects such a Pod anyway.
+                return f"metadata.{key} is not a map: left for the apiserver to reject"
         if not metadata.get("name") and not metadata.get("generateName"):
             # The apiserver creates no Pod without one of them: this is a workload's Pod template
             # (castslice mutate), and a placement label there would pin every Pod to one placement.

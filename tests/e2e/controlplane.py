@@ -21,7 +21,7 @@ Conventions follow controller-runtime's envtest:
 * kwok's Stages (``kwok-stages.yaml``) make a managed Node Ready and a Pod bound
   to one Running at once; a deleted Pod goes away.
 
-Every child runs in its own process group, gets SIGTERM if pytest dies
+Every child runs in its own process group, gets SIGKILL if pytest dies
 (PR_SET_PDEATHSIG), and is stopped by group at the end of the session.
 
 Other knobs: ``CASTSLICE_E2E_START_TIMEOUT`` (seconds, default 120) and
@@ -406,8 +406,8 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _pdeathsig_setter() -> Callable[[], None] | None:
-    """A preexec_fn making the child get SIGTERM when the test process dies
+def _pdeathsig_setter(sig: signal.Signals) -> Callable[[], None] | None:
+    """A preexec_fn making the child get ``sig`` when the test process dies
     (Linux prctl(PR_SET_PDEATHSIG)), so a killed pytest leaves no apiserver
     behind. Resolved in the parent: the child only calls into libc."""
     try:
@@ -417,12 +417,16 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def setter() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        prctl(pr_set_pdeathsig, sig)
 
     return setter
 
 
-PREEXEC = _pdeathsig_setter()
+# SIGTERM for servers that stop their own children (gunicorn and its workers); SIGKILL for the
+# cluster: on SIGTERM all at once, kube-apiserver's graceful shutdown waits for the etcd that
+# just went away and never ends. Nothing of a throwaway cluster needs a graceful end.
+PREEXEC = _pdeathsig_setter(signal.SIGTERM)
+PREEXEC_KILL = _pdeathsig_setter(signal.SIGKILL)
 
 
 def kill_group(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -461,7 +465,7 @@ class _Process:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=PREEXEC,
+                preexec_fn=PREEXEC_KILL,
             )
 
     def exited(self) -> int | None:

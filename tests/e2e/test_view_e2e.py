@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "knative" / "overlays" / "deployment"
 COMPONENT = ROOT / "knative" / "components" / "cluster-view"
+SETTINGS = ROOT / "knative" / "components" / "settings"
 SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 NAMESPACE = "view-e2e"
 
@@ -47,11 +48,6 @@ def eventually(check: Callable[[], bool], timeout: float = 30.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def included(overlay: Path, component: Path) -> bool:
-    listed = yaml.safe_load((overlay / "kustomization.yaml").read_text()).get("components") or []
-    return any((overlay / path).resolve() == component.resolve() for path in listed)
 
 
 def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
@@ -65,9 +61,9 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(OVERLAY, tmp_path)],
-                # the shipped overlays include the component already (the shipped configuration
-                # enables PodMutations, which watch); a kustomization must not include it twice
-                "components": [] if included(OVERLAY, COMPONENT) else [os.path.relpath(COMPONENT, tmp_path)],
+                # The deployment overlay includes the cluster-view component itself (the shipped
+                # configuration enables PodMutations, which watch); settings again, last.
+                "components": [os.path.relpath(SETTINGS, tmp_path)],
             }
         )
     )
@@ -91,23 +87,18 @@ def create(api: Any, obj: dict[str, Any]) -> None:
 
 
 class Gate:
-    """Wraps the real transport: can hold watch requests back, and make the next watch ask for an
-    ancient resourceVersion, which the apiserver answers with 410 Gone."""
+    """Wraps the real transport: counts requests, and can hold watch requests back."""
 
     def __init__(self, inner: KubeTransport) -> None:
         self.inner = inner
         self.open = threading.Event()
         self.open.set()
-        self.ancient_next = False
         self.requests: list[tuple[str, str]] = []
 
     def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Response:
         verb = "watch" if "watch" in query else "list"
         if verb == "watch":
-            self.open.wait(60)
-            if self.ancient_next:
-                self.ancient_next = False
-                query = {**query, "resourceVersion": "1"}
+            self.open.wait(120)
         self.requests.append((verb, path))
         return self.inner.get(path, query, accept, read_timeout)
 
@@ -116,12 +107,15 @@ class Gate:
 
 
 @pytest.fixture(scope="module")
-def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A kubeconfig holding only a token of the webhook's ServiceAccount (no client certificate)."""
+def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A kubeconfig holding only a token of the webhook's ServiceAccount (no client certificate).
+    The ServiceAccount and its RBAC are deleted afterwards: later tests dry-run-create the shipped
+    manifests, which would meet them as AlreadyExists."""
     from kubernetes import client
 
+    rbac = rendered_rbac(tmp_path_factory.mktemp("rbac"))
     with control_plane.api_client() as api:
-        for obj in rendered_rbac(tmp_path_factory.mktemp("rbac")):
+        for obj in rbac:
             create(api, obj)
         eventually(
             lambda: (
@@ -158,7 +152,15 @@ def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFac
             }
         )
     )
-    return path
+    yield path
+    with control_plane.api_client() as api:
+        core, rbac_api = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.delete_namespaced_service_account(SA_NAME, SA_NAMESPACE)
+        for obj in rbac:
+            if obj["kind"] == "ClusterRoleBinding":
+                rbac_api.delete_cluster_role_binding(obj["metadata"]["name"])
+            elif obj["kind"] == "ClusterRole":
+                rbac_api.delete_cluster_role(obj["metadata"]["name"])
 
 
 def pod_manifest(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -216,7 +218,9 @@ def relists(watcher: ClusterWatcher) -> float:
 @pytest.fixture
 def gated_webhook(kubeconfig: Path) -> Iterator[tuple[WebhookHttp, Gate]]:
     gate = Gate(kube_transport({"KUBECONFIG": str(kubeconfig)}))
-    webhook = build_webhook(parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS))
+    webhook = build_webhook(
+        parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS), freeze_gc=False
+    )
     try:
         yield webhook, gate
     finally:
@@ -321,24 +325,37 @@ def test_a_410_relists_and_the_view_ends_equal_to_the_apiserver(
     gone = create_pod(control_plane, pod_manifest(f"gone-{uuid.uuid4().hex[:6]}"))
     eventually(lambda: gone in webhook.admission.cluster().index("pods"))
     before = relists(watcher)
-    # Hold the watch back, break it, change the cluster meanwhile, then resume from an ancient
-    # resourceVersion: the apiserver answers 410 and the view must list again.
+    # Hold the watch back and break it; change the cluster meanwhile; restart the apiserver, whose
+    # new watch cache starts after the view's resourceVersion: resuming is answered 410 Gone
+    # ("too old resource version"), and the view must list again.
     gate.open.clear()
-    gate.ancient_next = True
     watcher.transport.interrupt(watcher._open["pods"])
     delete_pod(control_plane, webhook.admission.cluster().index("pods")[gone].name)
     new = create_pod(control_plane, pod_manifest(f"new-{uuid.uuid4().hex[:6]}"))
-    time.sleep(0.5)
+    restart_apiserver(control_plane)
     assert gone in webhook.admission.cluster().index("pods")  # the view could not know yet
     gate.open.set()
     eventually(lambda: relists(watcher) == before + 1, what="a relist after 410")
     eventually(
         lambda: view_pod_uids(webhook.admission.cluster()) == live_pod_uids(control_plane), what="equal"
     )
-    assert new in webhook.admission.cluster().index("pods") and gone not in webhook.admission.cluster().index(
-        "pods"
-    )
+    view = webhook.admission.cluster().index("pods")
+    assert new in view and gone not in view
     assert webhook.handle("GET", "/readyz", None).status == 200  # stayed ready throughout
+
+
+def restart_apiserver(control_plane: ControlPlane) -> None:
+    apiserver = control_plane._process("kube-apiserver")
+    apiserver.stop()
+    apiserver.start()
+
+    def ready() -> bool:
+        try:
+            return control_plane.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    eventually(ready, timeout=90, what="the apiserver back")
 
 
 class CountingProbe:
@@ -380,10 +397,7 @@ def test_an_apiserver_restart_is_survived(
     eventually(lambda: "pods" in watcher._open, what="the Pod watch open")
     lists_before = sum(1 for verb, path in gate.requests if verb == "list" and path == "/api/v1/pods")
     relists_before = relists(watcher)
-    apiserver = control_plane._process("kube-apiserver")
-    apiserver.stop()
-    apiserver.start()
-    eventually(lambda: control_plane.get("/readyz")[0] == 200, timeout=90, what="the apiserver back")
+    restart_apiserver(control_plane)
     # The watch resumes (from its resourceVersion, or by a relist on 410 if the new watch cache
     # starts later); either way a Pod created after the restart reaches the view.
     after = create_pod(control_plane, pod_manifest(f"after-{uuid.uuid4().hex[:6]}"))
