@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
 from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, OUTCOMES
@@ -160,10 +162,10 @@ def _cluster_from(path: str | None, config: Config) -> ClusterView:
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
         config = _config_from(args.config)
-        engine = Engine(config)
         sources = _manifest_sources(args.filename, args.recursive)
         loaded = [(label, load_documents(text, label)) for label, text in sources]
         cluster = _cluster_from(args.cluster, config)
+        extra = _mutation_documents(args.mutations)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -177,6 +179,10 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         print(f"castslice mutate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
+    # PodMutation documents in the input or in --mutations: the view the webhook would have.
+    documents = [chunk.tree for _, chunks in loaded for chunk in chunks if not chunk.empty]
+    config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr, cluster)
+    engine = Engine(config)
     several = Path(args.filename).is_dir() if args.filename != "-" else False
     results: list[ObjectResult] = []
     texts: list[list[str]] = []
@@ -218,6 +224,113 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     if any(r.errors for r in results):
         return EXIT_BAD_INPUT
     return EXIT_DENIED if any(r.denied for r in results) else 0
+
+
+# -- PodMutations offline ----------------------------------------------------------------------
+def _read_documents(path: str) -> list[Any]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def _mutation_documents(directory: str | None) -> list[Any]:
+    from function.podmutation.offline import documents_in
+
+    if not directory:
+        return []
+    return [doc for _, doc in documents_in(Path(directory))]
+
+
+def _with_podmutations(
+    config: Config, documents: list[Any], out: TextIO, cluster: ClusterView = EMPTY_VIEW
+) -> tuple[Config, ClusterView]:
+    """PodMutation documents among ``documents`` as the cluster view the webhook would have; with
+    any, the podMutations mutator is switched on (naming them is asking for them)."""
+    from function.cluster import StaticView
+    from function.podmutation.offline import WithMutations, load
+
+    loaded = load(documents)
+    if not loaded.records:
+        return config, cluster
+    for record in loaded.valid:
+        print(f"podmutation/{record.name}: loaded (generation {record.generation})", file=out)
+        for warning in record.warnings:
+            print(f"  warning: {warning}", file=out)
+    for bad in loaded.invalid:
+        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}", file=out)
+    for name in loaded.disabled:
+        print(f"podmutation/{name}: enabled: false, ignored", file=out)
+    section = config.section("podMutations")
+    if not section.enabled:
+        config = config.model_copy(update={"podMutations": section.model_copy(update={"enabled": True})})
+    mutations = StaticView({"podmutations": loaded.records}, specs=())
+    return config, WithMutations(cluster, mutations) if cluster.available else mutations
+
+
+def cmd_mutations_validate(args: argparse.Namespace) -> int:
+    from function.podmutation.offline import documents_in, is_mutation_document
+    from function.podmutation.validate import check
+
+    failed = False
+    for name in args.files:
+        try:
+            documents = documents_in(Path(name))
+        except (OSError, yaml.YAMLError) as error:
+            print(f"{name}: cannot read: {error}", file=sys.stderr)
+            failed = True
+            continue
+        for origin, doc in documents:
+            if not is_mutation_document(doc):
+                print(f"{origin}: not a PodMutation, skipped", file=sys.stderr)
+                continue
+            verdict = check(doc)
+            if verdict.valid:
+                print(f"{origin}: podmutation/{verdict.name}: valid")
+            else:
+                failed = True
+                print(f"{origin}: podmutation/{verdict.name}: invalid", file=sys.stderr)
+            for problem in verdict.problems:
+                print(f"  {problem}", file=sys.stderr)
+            for warning in verdict.warnings:
+                print(f"  warning: {warning}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from function.podmutation.offline import explain, load, pod_of
+
+    try:
+        documents = _read_documents(args.filename)
+        extra = _mutation_documents(args.mutations)
+    except (OSError, yaml.YAMLError) as error:
+        print(f"castslice explain: cannot read {args.filename}: {error}", file=sys.stderr)
+        return 2
+    loaded = load([*documents, *extra])
+    for bad in loaded.invalid:
+        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
+    for index, doc in enumerate(documents):
+        found = pod_of(doc, index) if isinstance(doc, dict) else None
+        if found is None:
+            continue
+        metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        namespace = str((metadata or {}).get("namespace") or args.namespace)
+        result = explain(found[0], namespace, loaded.valid)
+        w = result.workload
+        print(f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
+              f"workload {w.kind}/{w.name} in namespace {w.namespace}")
+        if not result.selection.candidates:
+            print("  no PodMutation matches")
+            continue
+        for place, candidate in enumerate(result.selection.candidates, start=1):
+            tied = candidate in result.selection.tied
+            mark = "winner" if place == 1 else "tied, lost by name" if tied else ""
+            print(f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
+                  f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else ""))
+        print(f"  changes: {'; '.join(result.changes) or 'none'}")
+        for op in result.patch:
+            print(f"    {json.dumps(op, sort_keys=True)}")
+        for warning in result.warnings:
+            print(f"  warning: {warning}")
+    return 0
 
 
 # -- castslice config ---------------------------------------------------------------------------
@@ -395,6 +508,24 @@ def parser() -> argparse.ArgumentParser:
                         help="cluster state for mutators that need it (spot's partial split): what "
                         "kubectl get pods,replicasets -A -o yaml prints (default: none)")
     mutate.set_defaults(run=cmd_mutate)
+
+    mutate.add_argument("--mutations", metavar="DIR",
+                        help="PodMutation documents (a file or a directory) to apply")
+    mutate.set_defaults(run=cmd_mutate)
+
+    mutations = sub.add_parser("mutations", help="check PodMutation documents")
+    mutations_sub = mutations.add_subparsers(dest="mutations_command", required=True)
+    mutations_validate = mutations_sub.add_parser(
+        "validate", help="validate PodMutation files or directories")
+    mutations_validate.add_argument("files", nargs="+", metavar="FILE")
+    mutations_validate.set_defaults(run=cmd_mutations_validate)
+
+    explain = sub.add_parser("explain", help="which PodMutations match a Pod, their rank, the winner")
+    explain.add_argument("-f", "--filename", required=True,
+                         help="YAML with Pods/workloads (and PodMutations), or -")
+    explain.add_argument("--mutations", metavar="DIR", help="PodMutation documents (a file or a directory)")
+    explain.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    explain.set_defaults(run=cmd_explain)
 
     config = sub.add_parser("config", help="check or show the configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -99,6 +99,26 @@ def describe_name(document: dict[str, Any]) -> str:
     return name or "(unnamed)"
 
 
+def _owned(pod: dict[str, Any], document: Any, shape: str, index: int) -> dict[str, Any]:
+    """A workload's Pod as the apiserver would see it: with a controller ownerReference naming the
+    workload (offline uid). PodMutation filters match a Deployment's Pods by kind Deployment and
+    its name; the reference is in the judged Pod only, so no patch operation ever writes it."""
+    metadata = pod.get("metadata")
+    if shape != "template" or not isinstance(metadata, dict) or metadata.get("ownerReferences"):
+        return pod
+    if not isinstance(document, dict):
+        return pod
+    owner = {
+        "apiVersion": str(document.get("apiVersion", "")),
+        "kind": str(document.get("kind", "")),
+        "name": describe_name(document),
+        "uid": f"offline-{index}",
+        "controller": True,
+    }
+    metadata["ownerReferences"] = [owner]
+    return pod
+
+
 def _judge(
     engine: Engine,
     obj: Any,
@@ -129,7 +149,7 @@ def _judge(
             dry_run=True,
             cluster=cluster,
         )
-        decision = engine.decide(site.pod(plain), request)
+        decision = engine.decide(_owned(site.pod(plain), plain, site.shape, result.index), request)
         label = dotted((*prefix, *site.path))
         try:
             mapped = [

@@ -129,3 +129,46 @@ def explain(pod: dict[str, Any], namespace: str, mutations: Iterable[CompiledMut
     return Explanation(
         workload, selection, tuple(done.changes), tuple(diff(pod, result)), tuple(done.warnings)
     )
+
+
+# Where the Pod template sits in each workload kind the apiserver turns into Pods.
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+def pod_of(document: dict[str, Any], index: int = 0) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(the Pod the document makes, its template or None for a Pod), or None if it makes no Pod.
+
+    A workload's Pod carries a controller ownerReference naming the workload (offline uid), as the
+    apiserver's Pods carry one: what the Pod belongs to is part of its identity (PodMutation
+    filters match a Deployment's Pods by kind Deployment and its name). ``_replace_template``
+    drops that reference again."""
+    kind = str(document.get("kind", "?"))
+    if kind == "Pod":
+        return document, None
+    if kind not in TEMPLATE_PATHS:
+        return None
+    template: Any = document
+    for part in TEMPLATE_PATHS[kind]:
+        template = template.get(part) if isinstance(template, dict) else None
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        return None
+    metadata: dict[str, Any] = template["metadata"] if isinstance(template.get("metadata"), dict) else {}
+    if not metadata.get("ownerReferences"):
+        owner = {
+            "apiVersion": str(document.get("apiVersion", "")),
+            "kind": kind,
+            "name": str((document.get("metadata") or {}).get("name") or ""),
+            "uid": f"offline-{index}",
+            "controller": True,
+        }
+        metadata = {**metadata, "ownerReferences": [owner]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}
+    return pod, template
