@@ -193,7 +193,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             results.extend(objects)
             pieces.append(text)
         texts.append(pieces)
+    from function.podmutation.offline import is_mutation_document
+
     for result in results:
+        if is_mutation_document(result.plain):
+            continue  # reported when loaded
         _report(result, sys.stderr, f"{result.source}: " if several else "")
 
     if args.output == "patch":
