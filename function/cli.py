@@ -514,21 +514,25 @@ def parser() -> argparse.ArgumentParser:
     mutate.set_defaults(run=cmd_mutate)
 
     mutate.add_argument("--mutations", metavar="DIR",
-                        help="PodMutation documents (a file or a directory) to apply")
+                        help="PodMutation documents (a file or a directory) to apply (default: none; "
+                        "PodMutations in the input count too)")
     mutate.set_defaults(run=cmd_mutate)
 
     mutations = sub.add_parser("mutations", help="check PodMutation documents")
     mutations_sub = mutations.add_subparsers(dest="mutations_command", required=True)
     mutations_validate = mutations_sub.add_parser(
         "validate", help="validate PodMutation files or directories")
-    mutations_validate.add_argument("files", nargs="+", metavar="FILE")
+    mutations_validate.add_argument("files", nargs="+", metavar="FILE",
+                                    help="PodMutation files or directories (required)")
     mutations_validate.set_defaults(run=cmd_mutations_validate)
 
     explain = sub.add_parser("explain", help="which PodMutations match a Pod, their rank, the winner")
     explain.add_argument("-f", "--filename", required=True,
-                         help="YAML with Pods/workloads (and PodMutations), or -")
-    explain.add_argument("--mutations", metavar="DIR", help="PodMutation documents (a file or a directory)")
-    explain.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+                         help="YAML with Pods/workloads (and PodMutations), or - (required)")
+    explain.add_argument("--mutations", metavar="DIR",
+                         help="PodMutation documents, a file or a directory (default: those in -f only)")
+    explain.add_argument("-n", "--namespace", default="default",
+                         help="namespace of objects that name none (default: default)")
     explain.set_defaults(run=cmd_explain)
 
     config = sub.add_parser("config", help="check or show the configuration")
