@@ -49,7 +49,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
     app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
-    options: dict[str, Any] = {}
+    # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
+    # idle limits and a shutdown that answers every request received (function/server.py).
+    options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}
     if args.tls_cert:
         from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

@@ -20,6 +20,26 @@ DEFAULT_PORT: Final = 8080
 """Knative's default container port; the Procfile and manifests pass it as $PORT."""
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
+LARGE_BODY_BYTES: Final = 256 * 1024
+"""Reviews with a larger body are decided on a worker thread, off the event loop (function/func.py)."""
+SWITCH_INTERVAL_SECONDS: Final = 0.0005
+"""sys.setswitchinterval while serving: how long the event loop may wait for the GIL held by the
+large-review thread (Python's default is 5 ms, which alone would break a 5 ms p99)."""
+MAX_HEADER_BYTES: Final = 64 * 1024
+"""Request line plus headers; more gets 431 and the connection closed. The apiserver sends < 1 KiB."""
+HEADER_READ_SECONDS: Final = 5.0
+"""From a request's first byte to the end of its headers; slower gets 408 and the connection closed."""
+BODY_READ_SECONDS: Final = 10.0
+"""From the end of the headers to the end of the body (3 MiB at 2.5 Mbit/s); slower gets 408.
+Below the apiserver's longest webhook timeout (30 s), so a stalled client cannot hold a slot longer."""
+IDLE_KEEPALIVE_SECONDS: Final = 5.0
+"""A connection with no request in progress (new, or kept alive after a reply) is closed after this."""
+SHUTDOWN_PICKUP_SECONDS: Final = 0.2
+"""At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
+SHUTDOWN_LINGER_SECONDS: Final = 2.0
+"""After the FIN that ends an idle connection at shutdown, how long late bytes are read and dropped."""
+MAX_QUOTED_CHARS: Final = 200
+"""The longest piece of client input any error message (reply or log line) quotes."""
 
 # --- Configuration ------------------------------------------------------------------------
 CONFIG_ENV: Final = "CASTSLICE_CONFIG"

@@ -14,23 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import flask
 import functions_framework
 from cloudevents.http import CloudEvent
 from functions_framework import aio
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from function.app import build_webhook
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
-from function.contract import MAX_BODY_BYTES
+from function.contract import LARGE_BODY_BYTES, MAX_BODY_BYTES, SWITCH_INTERVAL_SECONDS
 from function.http_api import HttpReply
 
 # Built at import: a bad configuration stops the server from starting, with the key named.
 webhook = build_webhook()
+
+# One thread for large reviews: more would only share the same GIL. While it works, the event
+# loop needs the GIL back quickly to answer small reviews and /healthz: the interpreter hands the
+# GIL over every SWITCH_INTERVAL_SECONDS instead of 5 ms (see contract.py for the measurement).
+large_reviews = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castslice-large-review")
+sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
 
 
 def _declared_too_large(content_length: str | int | None) -> bool:
@@ -59,7 +67,20 @@ def _starlette(reply: HttpReply) -> Response:
 
 @aio.http
 async def mutate(request: Request) -> Response:
-    body = await _read_limited(request) if request.method == "POST" else b""
+    try:
+        body = await _read_limited(request) if request.method == "POST" else b""
+    except ClientDisconnect:
+        # The client left (or the server gave up on a body arriving too slowly, see
+        # function/server.py): nobody is there to read an answer; the server drops this one.
+        return Response(status_code=408)
+    if body is not None and len(body) > LARGE_BODY_BYTES:
+        # A large Pod takes the engine long enough (up to about a second for 3 MiB of small
+        # objects) to stall every other request on this event loop: it runs on the one thread of
+        # the large-review executor instead, one at a time, in arrival order.
+        reply = await asyncio.get_running_loop().run_in_executor(
+            large_reviews, webhook.handle, request.method, request.url.path, body
+        )
+        return _starlette(reply)
     return _starlette(webhook.handle(request.method, request.url.path, body))
 
 
