@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from fractions import Fraction
 
 # <signedNumber><suffix>, exactly as k8s.io/apimachinery/pkg/api/resource documents it.
@@ -30,7 +31,9 @@ def parse_quantity(raw: object) -> Fraction:
     match = _QUANTITY.match(text)
     if match is None:
         raise QuantityError(f"{text!r} is not a quantity")
-    value = Fraction(match["number"])
+    # Through Decimal: Fraction(str) converts the digits with int(), which refuses more than
+    # 4,300 of them (sys.int_info.str_digits_check_threshold); the apiserver accepts any number.
+    value = Fraction(Decimal(match["number"]))
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
         return value * _BINARY[suffix]
