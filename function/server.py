@@ -100,11 +100,6 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             super().send_400_response(msg)
 
-    def eof_received(self) -> bool | None:
-        # The peer closed its side: nothing more will arrive. While a FIN of ours is out (shutdown),
-        # this is the end of the conversation; otherwise uvicorn's behaviour (close).
-        return None
-
     # -- parser callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -211,7 +206,7 @@ class _Refused(Exception):
     """Stops httptools' parser from inside a callback once the connection is refused."""
 
 
-class CastSliceWorker(UvicornWorker):
+class CastSliceWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships no types
     """uvicorn's gunicorn worker, on the hardened protocol (uvloop when installed)."""
 
     CONFIG_KWARGS: dict[str, Any] = {  # noqa: RUF012 - the base class declares it so
