@@ -178,13 +178,21 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from function.audit.consumer import AuditStore, Query
 
     if args.db != ":memory:" and not Path(args.db).exists():
-        print(f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
-              file=sys.stderr)
+        print(
+            f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
+            file=sys.stderr,
+        )
         return 2
     store = AuditStore(args.db)
     try:
-        query = Query(args.since, args.until, args.namespace, args.outcome, args.mutator,
-                      args.limit if args.view == "list" else None)
+        query = Query(
+            args.since,
+            args.until,
+            args.namespace,
+            args.outcome,
+            args.mutator,
+            args.limit if args.view == "list" else None,
+        )
         if args.view == "list":
             events = store.events(query)
             if args.output == "json":
@@ -192,8 +200,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
                 return 0
             rows = [
-                (e["time"][:19] + "Z", e["outcome"], e["podnamespace"], e["subject"].rsplit("/", 1)[-1],
-                 e["mutators"], _short(e["data"]["reason"]))
+                (
+                    e["time"][:19] + "Z",
+                    e["outcome"],
+                    e["podnamespace"],
+                    e["subject"].rsplit("/", 1)[-1],
+                    e["mutators"],
+                    _short(e["data"]["reason"]),
+                )
                 for e in events
             ]
             _table(("TIME", "OUTCOME", "NAMESPACE", "POD", "MUTATORS", "REASON"), rows, sys.stdout)
@@ -213,15 +227,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print("\nby outcome", file=out)
     _table(("OUTCOME", "COUNT"), [(o, summary["byOutcome"][o]) for o in OUTCOMES], out)
     print("\nby namespace", file=out)
-    _table(("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
-           [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]], out)
+    _table(
+        ("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
+        [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]],
+        out,
+    )
     print("\nby mutator (each mutator's own action)", file=out)
-    _table(("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
-           [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"])
-            for r in summary["byMutator"]], out)
+    _table(
+        ("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
+        [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"]) for r in summary["byMutator"]],
+        out,
+    )
     print(f"\nby {summary['byTime']['bucket']} (UTC)", file=out)
-    _table(("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
-           [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]], out)
+    _table(
+        ("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
+        [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]],
+        out,
+    )
     return 0
 
 
@@ -261,11 +283,18 @@ def parser() -> argparse.ArgumentParser:
     audit = sub.add_parser(
         "audit", help="list or summarise the decision events the reference audit consumer stored"
     )
-    audit.add_argument("view", nargs="?", choices=("summary", "list"), default="summary",
-                       help="summary (default): counts by outcome, namespace, mutator, time; "
-                       "list: the events")
-    audit.add_argument("--db", default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
-                       help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})")
+    audit.add_argument(
+        "view",
+        nargs="?",
+        choices=("summary", "list"),
+        default="summary",
+        help="summary (default): counts by outcome, namespace, mutator, time; list: the events",
+    )
+    audit.add_argument(
+        "--db",
+        default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
+        help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})",
+    )
     audit.add_argument("--since", type=parse_when, help="from this time: 15m, 2h, 7d ago, or an ISO time")
     audit.add_argument("--until", type=parse_when, help="before this time (same forms as --since)")
     audit.add_argument("-n", "--namespace", help="only Pods in this namespace")

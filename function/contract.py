@@ -38,6 +38,10 @@ SHUTDOWN_PICKUP_SECONDS: Final = 0.2
 """At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
 SHUTDOWN_LINGER_SECONDS: Final = 2.0
 """After the FIN that ends an idle connection at shutdown, how long late bytes are read and dropped."""
+MAX_JSON_DEPTH: Final = 254
+"""Deepest nesting of arrays and objects in a request body (the whole AdmissionReview); deeper is
+a 400. A real Pod is about 20 levels deep. 254 is the depth orjson's encoder can write, so every
+body accepted can also be compared and serialized without recursion anywhere."""
 MAX_QUOTED_CHARS: Final = 200
 """The longest piece of client input any error message (reply or log line) quotes."""
 

@@ -7,10 +7,11 @@ a non-200 makes the apiserver apply failurePolicy instead of our answer.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import orjson
 
 from function.admission import Admission
 from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES, METRICS_PATH, MUTATE_PATHS, READYZ_PATH
@@ -30,7 +31,7 @@ class HttpReply:
 
 
 def json_reply(status: int, payload: object, headers: dict[str, str] | None = None) -> HttpReply:
-    return HttpReply(status, json.dumps(payload, separators=(",", ":")).encode(), JSON, headers or {})
+    return HttpReply(status, orjson.dumps(payload), JSON, headers or {})
 
 
 def problem(status: int, message: str, headers: dict[str, str] | None = None) -> HttpReply:

@@ -23,10 +23,15 @@ class QuantityError(ValueError):
     pass
 
 
-def parse_quantity(raw: object) -> Fraction:
-    """The exact value of a quantity as JSON carries it (a string, or a JSON number)."""
+def parse_quantity(raw: object) -> Fraction | int:
+    """The exact value of a quantity as JSON carries it (a string, or a JSON number): an int for
+    the common plain whole number (an int is a Fraction with denominator 1 for every caller)."""
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise QuantityError(f"{raw!r} is not a quantity")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and 0 < len(raw) <= 18 and raw.isascii() and raw.isdigit():
+        return int(raw)  # the fast path: "1", "8", "16" (18 digits stay far from int()'s limit)
     text = raw if isinstance(raw, str) else repr(raw)
     match = _QUANTITY.match(text)
     if match is None:

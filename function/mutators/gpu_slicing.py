@@ -141,9 +141,10 @@ class GpuSlicing:
         return self.config.defaultSlices, "default", ()
 
     def _check_workload_type(self, annotations: dict[str, object]) -> str:
-        workload = annotations.get(WORKLOAD_TYPE)
-        if workload is None:
+        if WORKLOAD_TYPE not in annotations:
             return ""
+        # Present but null (or any non-string) is a bad value, not an absent annotation.
+        workload = annotations[WORKLOAD_TYPE]
         if not isinstance(workload, str) or workload not in self.config.presets:
             raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text, self._presets_short)
         return workload

@@ -421,7 +421,8 @@ class Vgpu:
     def _check(self, plan: _Plan, device: VgpuDevice, name: str) -> int:
         """The resource's value as an integer (limits first): BadValue unless every value given is a
         whole number, from 0 to 100 for the memory percentage and the cores (a share of the device's
-        compute in percent; HAMi clamps larger values, we refuse them)."""
+        compute in percent; HAMi clamps larger values, we refuse them), below 2^63 for the others
+        (HAMi reads every quantity as an int64)."""
         percentage = name in (device.memoryPercentageResource, device.coresResource)
         accepted = "a whole number from 0 to 100" if percentage else "a whole number (0 or more)"
         short = "a whole number 0-100" if percentage else "a whole number >= 0"
@@ -437,6 +438,15 @@ class Vgpu:
                 raise bad from None
             if value.denominator != 1 or value < 0 or (percentage and value > 100):
                 raise bad
+            if value > INT64_MAX:
+                raise BadValue(
+                    plan.where,
+                    _short_name(plan.container),
+                    name,
+                    raw,
+                    "a whole number below 2^63",
+                    "a whole number < 2^63",
+                )
             if result is None:
                 result = int(value)
         assert result is not None  # only called for resources the container asks for
@@ -469,14 +479,18 @@ class Vgpu:
                     done.append(f"{env_name}={value} in {plan.where}")
                 else:
                     env[max(i for i, item in enumerate(env) if item is entry)] = wanted
-                    done.append(f"{env_name}={value} in {plan.where} (was {_env_value(entry)})")
+                    # Never quote the value replaced: an env value may be a secret, and this
+                    # phrase goes into the reason, the audit event and the logs.
+                    done.append(f"{env_name}={value} in {plan.where} (replaces the Pod's {_env_kind(entry)})")
         return done
 
 
-def _env_value(entry: dict[str, Any]) -> str:
-    if "valueFrom" in entry:
-        return "valueFrom"
-    return shown(entry.get("value", ""))
+INT64_MAX = 2**63 - 1
+"""HAMi reads vGPU quantities as int64: a larger value is bad input (and has no decimal string)."""
+
+
+def _env_kind(entry: dict[str, Any]) -> str:
+    return "valueFrom" if "valueFrom" in entry else "value"
 
 
 def _build(config: VgpuConfig, settings: Settings, neighbours: Neighbours) -> Vgpu:
