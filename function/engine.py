@@ -22,7 +22,7 @@ from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResu
 from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
 from function.pod import Pod, cap_warning, labels_of
-from function.rules import extended_resource_violations
+from function.rules import introduced_violations
 
 log = logging.getLogger("castslice.engine")
 
@@ -209,9 +209,7 @@ class Engine:
             prove(original, patch, intended)
         except PatchProofError as error:
             return str(error)
-        # The original's violations only matter when the result has some (they are then excused).
-        after = extended_resource_violations(intended)
-        introduced = after - extended_resource_violations(original) if after else after
+        introduced = introduced_violations(original, intended)
         if introduced:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None
