@@ -37,7 +37,8 @@ IDLE_KEEPALIVE_SECONDS: Final = 5.0
 SHUTDOWN_PICKUP_SECONDS: Final = 0.2
 """At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
 SHUTDOWN_LINGER_SECONDS: Final = 2.0
-"""After the FIN that ends an idle connection at shutdown, how long late bytes are read and dropped."""
+"""After the FIN that ends a connection (at shutdown, or after a 408/431), how long the client's
+late bytes are read and dropped before the socket closes: closing with bytes unread would reset."""
 MAX_JSON_DEPTH: Final = 254
 """Deepest nesting of arrays and objects in a request body (the whole AdmissionReview); deeper is
 a 400. A real Pod is about 20 levels deep. 254 is the depth orjson's encoder can write, so every

@@ -80,14 +80,15 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._eof_sent:
             return  # shutting down and already said so with a FIN: read and drop until the peer closes
-        before = self._reading_headers
+        # Bytes arriving while no body is being read belong to a request line or headers.
+        between = self._reading_headers or self.cycle is None or self.cycle.response_complete
         super().data_received(data)
         if self.transport.is_closing():
             return
         # Count what arrives while headers are incomplete, so a header that never ends is refused
         # before httptools buffers it (it has no limit of its own).
         if self._reading_headers:
-            self._header_bytes += len(data) if before else 0
+            self._header_bytes += len(data) if between else 0
             if self._header_bytes > MAX_HEADER_BYTES:
                 self._refuse(HEADERS_TOO_LARGE, "request headers larger than %d bytes", MAX_HEADER_BYTES)
         elif self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
@@ -165,9 +166,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             return
         log.warning(message, *args)
         self._cancel_read_timer()
-        self._unset_keepalive_if_required()
         self.transport.write(reply)
-        self.transport.close()
+        # Not close(): the client may still be sending, and closing with its bytes unread makes
+        # the kernel answer with a reset, which can destroy the reply before it is read.
+        self._close_idle_cleanly()
 
     # -- graceful shutdown --------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -197,6 +199,8 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             return
         # Half-close: the peer reads our FIN, sends nothing more and closes; whatever it sent
         # meanwhile is read and dropped, so the kernel never answers it with a reset.
+        if self._eof_sent:
+            return
         self._eof_sent = True
         self.transport.write_eof()
         self.loop.call_later(SHUTDOWN_LINGER_SECONDS, self.transport.close)
