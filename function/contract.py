@@ -21,10 +21,7 @@ DEFAULT_PORT: Final = 8080
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
 LARGE_BODY_BYTES: Final = 256 * 1024
-"""Reviews with a larger body are decided on a worker thread, off the event loop (function/func.py)."""
-SWITCH_INTERVAL_SECONDS: Final = 0.0005
-"""sys.setswitchinterval while serving: how long the event loop may wait for the GIL held by the
-large-review thread (Python's default is 5 ms, which alone would break a 5 ms p99)."""
+"""Reviews with a larger body are decided in a separate process, off the event loop (function/offload.py)."""
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Request line plus headers; more gets 431 and the connection closed. The apiserver sends < 1 KiB."""
 HEADER_READ_SECONDS: Final = 5.0

@@ -13,10 +13,9 @@ the shipped JSON Schema and stores them in SQLite at $CASTSLICE_AUDIT_DB (``cast
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import flask
 import functions_framework
@@ -28,17 +27,23 @@ from starlette.responses import Response
 
 from function.app import build_webhook
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
-from function.contract import LARGE_BODY_BYTES, MAX_BODY_BYTES, SWITCH_INTERVAL_SECONDS
+from function.contract import LARGE_BODY_BYTES, MAX_BODY_BYTES
 from function.http_api import HttpReply
+from function.offload import LargeReviews
 
 # Built at import: a bad configuration stops the server from starting, with the key named.
 webhook = build_webhook()
 
-# One thread for large reviews: more would only share the same GIL. While it works, the event
-# loop needs the GIL back quickly to answer small reviews and /healthz: the interpreter hands the
-# GIL over every SWITCH_INTERVAL_SECONDS instead of 5 ms (see contract.py for the measurement).
-large_reviews = ThreadPoolExecutor(max_workers=1, thread_name_prefix="castslice-large-review")
-sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+_large_reviews: LargeReviews | None = None
+
+
+def large_reviews() -> LargeReviews:
+    # Started on the first large review, in the serving process: importing this module (tests,
+    # functions-framework's loader) starts no process.
+    global _large_reviews
+    if _large_reviews is None:
+        _large_reviews = LargeReviews()
+    return _large_reviews
 
 
 def _declared_too_large(content_length: str | int | None) -> bool:
@@ -73,14 +78,21 @@ async def mutate(request: Request) -> Response:
         # The client left (or the server gave up on a body arriving too slowly, see
         # function/server.py): nobody is there to read an answer; the server drops this one.
         return Response(status_code=408)
-    if body is not None and len(body) > LARGE_BODY_BYTES:
-        # A large Pod takes the engine long enough (up to about a second for 3 MiB of small
-        # objects) to stall every other request on this event loop: it runs on the one thread of
-        # the large-review executor instead, one at a time, in arrival order.
-        reply = await asyncio.get_running_loop().run_in_executor(
-            large_reviews, webhook.handle, request.method, request.url.path, body
-        )
-        return _starlette(reply)
+    if (
+        body is not None
+        and len(body) > LARGE_BODY_BYTES
+        and webhook.is_review(request.method, request.url.path)
+    ):
+        # A large Pod would stall every other request on this event loop for up to a second:
+        # it is decided in the large-review process instead (function/offload.py).
+        try:
+            outcome = await asyncio.wrap_future(large_reviews().submit(body))
+        except Exception:  # a dead child must not fail the review: decide it here instead
+            logging.getLogger("castslice.offload").exception(
+                "large-review process failed; deciding in-process"
+            )
+            return _starlette(webhook.handle(request.method, request.url.path, body))
+        return _starlette(webhook.recorded(*outcome))
     return _starlette(webhook.handle(request.method, request.url.path, body))
 
 

@@ -213,6 +213,9 @@ class Served:
             env=full_env,
             stdout=self.stdout_path.open("wb"),
             stderr=self.stderr_path.open("wb"),
+            # Its own process group: kill() ends gunicorn's worker (and its large-review process)
+            # too, which SIGKILL to the master alone leaves running as an orphan.
+            start_new_session=True,
         )
         wait_for(self._listening, 20, 0.05, f"castslice serve --target {target} to listen")
 
@@ -237,9 +240,11 @@ class Served:
         return time.monotonic() - started
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the whole group is gone already
+        self.process.wait(10)
 
 
 def parse_lines(text: str) -> list[dict[str, Any]]:
