@@ -14,6 +14,7 @@ attempt waits for ``audit.requestTimeoutSeconds``; the webhook's own latency mus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import json
 import os
@@ -240,10 +241,8 @@ class Served:
         return time.monotonic() - started
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # the whole group is gone already
         self.process.wait(10)
 
 
