@@ -293,3 +293,27 @@ def test_hostile_requests_through_the_real_functions_framework_app(monkeypatch: 
             if "patch" in response:
                 pod = json.loads(body)["request"]["object"]
                 jsonpatch.JsonPatch(json.loads(base64.b64decode(response["patch"]))).apply(pod)
+
+
+def test_a_change_python_equality_cannot_see_still_reaches_the_patch() -> None:
+    """The engine's quick diff trusts ==, which calls 1 and true equal; the proof sees the
+    difference and the exact diff builds the right patch (no mutator does this today)."""
+    from function.mutators.base import MutatorResult, RequestContext
+
+    class Retyper:
+        name = "retyper"
+
+        def mutate(self, pod: dict[str, Any], ctx: RequestContext) -> MutatorResult:
+            if pod["spec"].get("x") == 1 and pod["spec"]["x"] is not True:
+                pod["spec"]["x"] = True
+                pod["metadata"].setdefault("labels", {})["retyped"] = "yes"
+                return MutatorResult.mutated("retyped")
+            return MutatorResult.unchanged("already")
+
+    pod = with_pod("default-not-opted-in", lambda p: p["spec"].__setitem__("x", 1))["request"]["object"]
+    engine = Engine(Config(), mutators=[Retyper()], shadow=[])
+    decision = engine.decide(pod, RequestContext(namespace="default"))
+    assert decision.outcome == "mutated", decision
+    assert {"op": "replace", "path": "/spec/x", "value": True} in decision.patch
+    result = jsonpatch.JsonPatch(list(decision.patch)).apply(pod, in_place=False)
+    assert result["spec"]["x"] is True
