@@ -19,6 +19,8 @@ Operation = dict[str, Any]
 
 def escape(token: str) -> str:
     """RFC 6901: '~' becomes '~0' and '/' becomes '~1' (so nvidia.com/gpu is nvidia.com~1gpu)."""
+    if "~" not in token and "/" not in token:
+        return token
     return token.replace("~", "~0").replace("/", "~1")
 
 
@@ -58,6 +60,8 @@ def _same_types(a: Any, b: Any) -> bool:
 def copy_json(value: Any) -> Any:
     """A deep copy of JSON-shaped data. marshal (in C) keeps every JSON type exactly (True stays
     True, 1 stays 1) and is about twice as fast as a Python walk, four times copy.deepcopy."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value  # immutable: nothing to copy
     return marshal.loads(marshal.dumps(value))
 
 
@@ -85,14 +89,20 @@ def _loosely_same(a: Any, b: Any) -> bool:
 def _diff(old: Any, new: Any, path: str, equal: Callable[[Any, Any], bool]) -> list[Operation]:
     if equal(old, new):
         return []
+    return _changes(old, new, path, equal)
+
+
+def _changes(old: Any, new: Any, path: str, equal: Callable[[Any, Any], bool]) -> list[Operation]:
+    """The operations for two values already known to differ; an equal member is skipped before
+    its path is even written, so the work follows the changed paths only."""
     if isinstance(old, dict) and isinstance(new, dict):
         ops: list[Operation] = []
         for key in old:
             if key not in new:
                 ops.append({"op": "remove", "path": f"{path}/{escape(key)}"})
-        for key in old:
-            if key in new:
-                ops.extend(_diff(old[key], new[key], f"{path}/{escape(key)}", equal))
+        for key, value in old.items():
+            if key in new and not equal(value, new[key]):
+                ops.extend(_changes(value, new[key], f"{path}/{escape(key)}", equal))
         for key in new:
             if key not in old:
                 ops.append({"op": "add", "path": f"{path}/{escape(key)}", "value": copy_json(new[key])})
@@ -102,7 +112,8 @@ def _diff(old: Any, new: Any, path: str, equal: Callable[[Any, Any], bool]) -> l
         if len(old) == len(new) or all(equal(old[i], new[i]) for i in range(shared)):
             ops = []
             for i in range(shared):
-                ops.extend(_diff(old[i], new[i], f"{path}/{i}", equal))
+                if not equal(old[i], new[i]):
+                    ops.extend(_changes(old[i], new[i], f"{path}/{i}", equal))
             for i in range(shared, len(new)):
                 ops.append({"op": "add", "path": f"{path}/{i}", "value": copy_json(new[i])})
             for i in reversed(range(shared, len(old))):
@@ -116,7 +127,7 @@ class PatchProofError(Exception):
 
 
 def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
+    return token.replace("~1", "/").replace("~0", "~") if "~" in token else token
 
 
 def _index(token: str, size: int, op: str) -> int:
@@ -137,7 +148,10 @@ def apply_patch(document: Any, patch: list[Operation]) -> Any:
     needs at a small fraction of jsonpatch's cost and of a deep copy's (the test suite checks it
     against jsonpatch, and the fuzz and property tests apply every sent patch with jsonpatch)."""
     root: list[Any] = [document]
-    copied: set[int] = set()
+    # The copies made, by id, holding them: an id is only unique while its object lives.
+    copied: dict[int, Any] = {}
+    # Parent path -> its (copied) container: a patch's operations mostly share parents.
+    parents: dict[str, Any] = {}
 
     def writable(parent: Any, key: Any) -> Any:
         child = parent[key]
@@ -149,7 +163,7 @@ def apply_patch(document: Any, patch: list[Operation]) -> Any:
             else:
                 raise PatchProofError("path goes through a scalar")
             parent[key] = child
-            copied.add(id(child))
+            copied[id(child)] = child
         return child
 
     for operation in patch:
@@ -160,20 +174,28 @@ def apply_patch(document: Any, patch: list[Operation]) -> Any:
             if op == "remove":
                 raise PatchProofError("cannot remove the whole document")
             root[0] = operation["value"]
+            parents.clear()
             continue
         if not path.startswith("/"):
             raise PatchProofError(f"path {path!r} does not start with /")
-        tokens = [_unescape(token) for token in path[1:].split("/")]
-        parent: Any = root
-        key: Any = 0
-        try:
-            for token in tokens[:-1]:
+        parent_path, _, last = path.rpartition("/")
+        last = _unescape(last)
+        parent = parents.get(parent_path)
+        if parent is None:
+            parent = root
+            key: Any = 0
+            try:
+                for token in parent_path.split("/")[1:]:
+                    parent = writable(parent, key)
+                    token = _unescape(token)
+                    key = token if isinstance(parent, dict) else _index(token, len(parent), "get")
                 parent = writable(parent, key)
-                key = token if isinstance(parent, dict) else _index(token, len(parent), "get")
-            parent = writable(parent, key)
-        except (KeyError, IndexError):
-            raise PatchProofError(f"path {path!r} does not exist") from None
-        last = tokens[-1]
+            except (KeyError, IndexError):
+                raise PatchProofError(f"path {path!r} does not exist") from None
+            parents[parent_path] = parent
+        # This operation may replace or remove a container a remembered parent lives in.
+        for stale in [known for known in parents if known == path or known.startswith(path + "/")]:
+            del parents[stale]
         if isinstance(parent, dict):
             if op != "add" and last not in parent:
                 raise PatchProofError(f"path {path!r} does not exist")

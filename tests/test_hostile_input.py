@@ -219,6 +219,35 @@ def test_apply_patch_leaves_the_original_untouched_and_shares_what_it_does_not_t
 
 
 @pytest.mark.parametrize(
+    "patch",
+    [
+        [
+            {"op": "add", "path": "/a/x", "value": 1},
+            {"op": "replace", "path": "/a", "value": {"y": 2}},
+            {"op": "add", "path": "/a/z", "value": 3},
+        ],
+        [{"op": "add", "path": "/a/b/0", "value": 0}, {"op": "remove", "path": "/a/b/2"}],
+        [{"op": "add", "path": "/a/x", "value": 1}, {"op": "replace", "path": "", "value": {"a": {}}}],
+        [
+            {"op": "add", "path": "/a/x", "value": 1},
+            {"op": "add", "path": "", "value": {"a": {}}},
+            {"op": "add", "path": "/a/w", "value": 2},
+        ],
+        [
+            {"op": "remove", "path": "/c"},
+            {"op": "add", "path": "/c", "value": {"e": 1}},
+            {"op": "add", "path": "/c/f", "value": 2},
+        ],
+    ],
+)
+def test_apply_patch_matches_jsonpatch_when_operations_replace_their_own_parents(patch: list[Any]) -> None:
+    original = {"a": {"b": [1, 2]}, "c": {"d": 1}}
+    expected = jsonpatch.JsonPatch(patch).apply(original, in_place=False)
+    assert same(apply_patch(original, patch), expected)
+    assert original == {"a": {"b": [1, 2]}, "c": {"d": 1}}
+
+
+@pytest.mark.parametrize(
     "operation",
     [
         {"op": "remove", "path": "/missing"},
