@@ -346,7 +346,8 @@ def main() -> int:
     print(", ".join(f"{kind} {micros:.0f} us" for kind, micros in costs.items()))
     print(
         f"servers: one worker each{', pinned to CPU 0 (wrk on CPU 1)' if two_cores else ''}; "
-        f"{args.connections} connections, {args.rounds} rounds of {args.seconds} s per row; audit sink: {args.sink}"
+        f"{args.connections} connections, {args.rounds} rounds of {args.seconds} s per row; "
+        f"audit sink: {args.sink}"
     )
     print(f"{'review':>13} {'server':>10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'non-200':>8}")
     for kind in BODIES:
