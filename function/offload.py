@@ -69,20 +69,50 @@ def _ready() -> bool:
     return _admission is not None
 
 
-def slim_review(review: AdmissionReview) -> dict[str, Any]:
-    """The review as the recorder reads it, without the bulk of the Pod."""
+def _strings(value: Any, found: set[str]) -> set[str]:
+    if isinstance(value, str):
+        found.add(value)
+    elif isinstance(value, dict):
+        for member in value.values():
+            _strings(member, found)
+    elif isinstance(value, list):
+        for member in value:
+            _strings(member, found)
+    return found
+
+
+def slim_review(review: AdmissionReview, decision: Decision | None) -> dict[str, Any]:
+    """The review as the recorder reads it, without the bulk of the Pod: the request's identity,
+    the Pod's identifying metadata, and of its env values, commands and args (what the event's
+    patch is redacted against) only those the patch itself contains, so the event is the same."""
     data = review.model_dump(exclude={"request": {"object", "oldObject", "options"}})
     pod: dict[str, Any] = review.request.object if isinstance(review.request.object, dict) else {}
     metadata: dict[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), dict) else {}
     spec: dict[str, Any] = pod["spec"] if isinstance(pod.get("spec"), dict) else {}
+    in_patch: set[str] = set()
+    for operation in decision.patch if decision is not None else ():
+        _strings(operation.get("value"), in_patch)
     slim_spec: dict[str, Any] = {}
     for kind in CONTAINER_LISTS:
         containers = spec.get(kind)
-        if isinstance(containers, list):
-            slim_spec[kind] = [
-                {key: c[key] for key in ("env", "command", "args") if key in c} if isinstance(c, dict) else c
-                for c in containers
-            ]
+        if not isinstance(containers, list):
+            continue
+        slim_spec[kind] = []
+        for container in containers:
+            slim: dict[str, Any] = {}
+            if isinstance(container, dict):
+                env = container.get("env")
+                if isinstance(env, list):
+                    slim["env"] = [
+                        e
+                        for e in env
+                        if isinstance(e, dict) and isinstance(e.get("value"), str) and e["value"] in in_patch
+                    ]
+                for key in ("command", "args"):
+                    items = container.get(key)
+                    if isinstance(items, list):
+                        slim[key] = [item for item in items if isinstance(item, str) and item in in_patch]
+            slim_spec[kind].append(slim)
     kept = ("name", "generateName", "namespace", "ownerReferences")
     data["request"]["object"] = {
         "kind": pod.get("kind"),
@@ -105,7 +135,7 @@ def decide(body: bytes) -> Outcome:
     decision = answer.decision
     if decision is not None:
         decision = replace(decision, mutated_pod=None)  # the whole Pod: not needed, not sent back
-    return 200, reply, slim_review(review), decision
+    return 200, reply, slim_review(review, decision), decision
 
 
 class LargeReviews:
