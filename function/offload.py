@@ -43,6 +43,9 @@ Outcome = tuple[int, bytes, dict[str, Any] | None, Decision | None]
 
 _admission: Admission | None = None
 
+CHILD_NICENESS = 10
+"""CFS gives a nice-10 process about a tenth of the weight of the nice-0 worker beside it."""
+
 
 def _start_child() -> None:
     # In the child: the engine from the same configuration file as the worker (CASTSLICE_CONFIG
@@ -53,6 +56,9 @@ def _start_child() -> None:
     from function.engine import Engine
 
     configure_logging()
+    # Lower priority than the worker: on a shared core the scheduler then runs the worker (small
+    # reviews, /healthz) as soon as it has work; the child still gets every cycle the worker leaves.
+    os.nice(CHILD_NICENESS)
     _admission = Admission(Engine(load_config()))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
