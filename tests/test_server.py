@@ -260,3 +260,27 @@ def test_served_sigterm_under_load_resets_no_connection(tmp_path: Any) -> None:
         served.kill()
     assert answered[0] > 8
     assert not resets, resets
+
+
+def test_the_readme_documents_the_values_in_force() -> None:
+    from function import contract
+    from tests.support import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[2].strip()
+        for line in readme.splitlines()
+        if line.startswith("| `") and line.split("|")[1].strip(" `").isupper()
+    }
+    expected = {
+        "MAX_HEADER_BYTES": f"{contract.MAX_HEADER_BYTES // 1024} KiB",
+        "HEADER_READ_SECONDS": f"{contract.HEADER_READ_SECONDS:g} s",
+        "BODY_READ_SECONDS": f"{contract.BODY_READ_SECONDS:g} s",
+        "IDLE_KEEPALIVE_SECONDS": f"{contract.IDLE_KEEPALIVE_SECONDS:g} s",
+        "SHUTDOWN_PICKUP_SECONDS": f"{contract.SHUTDOWN_PICKUP_SECONDS:g} s",
+        "SHUTDOWN_LINGER_SECONDS": f"{contract.SHUTDOWN_LINGER_SECONDS:g} s",
+        "LARGE_BODY_BYTES": f"{contract.LARGE_BODY_BYTES // 1024} KiB",
+        "MAX_JSON_DEPTH": f"{contract.MAX_JSON_DEPTH} levels",
+        "MAX_QUOTED_CHARS": f"{contract.MAX_QUOTED_CHARS}",
+    }
+    assert {name: rows.get(name) for name in expected} == expected
