@@ -1,0 +1,18 @@
+"""CastSlice, laid out as ``func create -l python`` lays out a Knative Function.
+
+Knative Functions' scaffolding does ``from function import new``. ``new`` is resolved lazily
+(PEP 562): importing any ``function.*`` module (the CLI, the pure core) must not import the
+servers or build a webhook, which importing ``function.func`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "new":
+        from function.func import new
+
+        return new
+    raise AttributeError(f"module 'function' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from typing import NamedTuple, Protocol
 from function.cluster import EMPTY_VIEW, ClusterView
 from function.engine import Decision, Engine
 from function.mutators.base import RequestContext
+from function.pod_identity import describe_pod
 from function.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
 
 log = logging.getLogger("castslice.admission")
@@ -53,14 +54,25 @@ def request_context(review: AdmissionReview, cluster: ClusterView = EMPTY_VIEW) 
     )
 
 
-def response_for(uid: str, decision: Decision) -> AdmissionResponse:
+def naming_pod(message: str, pod: str) -> str:
+    """``castslice: pod ml/x: <what is wrong>``: the Pod first, as kubectl prints the message after
+    'denied the request:'."""
+    if not pod:
+        return message
+    head, sep, rest = message.partition("castslice: ")
+    return f"castslice: {pod}: {rest}" if sep and not head else f"castslice: {pod}: {message}"
+
+
+def response_for(uid: str, decision: Decision, pod: str = "") -> AdmissionResponse:
+    """The reply to a decision; ``pod`` (function/pod_identity.py) ends a denial's message, so a
+    multi-document ``kubectl apply`` says which Pod was refused."""
     audit: dict[str, str] = {"outcome": decision.outcome}
     # Name the mutators only when their work reaches the apiserver (a patch or a denial), not
     # when a safety check withheld it.
     if decision.outcome in ("mutated", "denied") and decision.acting_mutators:
         audit["mutators"] = ",".join(decision.acting_mutators)
     if not decision.allowed:
-        return denied(uid, decision.denial or decision.reason, decision.warnings, audit)
+        return denied(uid, naming_pod(decision.denial or decision.reason, pod), decision.warnings, audit)
     if decision.patch:
         return patched(uid, decision.patch, decision.warnings, audit)
     return allowed(uid, decision.warnings, audit)
@@ -89,7 +101,7 @@ class Admission:
             ctx = request_context(review, self.cluster())
             try:
                 decision = self.engine.decide(request.object, ctx)
-                response = response_for(request.uid, decision)
+                response = response_for(request.uid, decision, describe_pod(request.object, ctx.namespace))
             except Exception as error:  # decide() guards itself; this guards building the reply
                 log.exception("internal error answering request uid %s", request.uid)
                 decision = self.engine.internal_error(error, ctx)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 
 from function.admission import Admission
-from function.audit.recorder import build_recorder
+from function.audit.recorder import AuditRecorder, build_recorder
 from function.config import Config, load_config
 from function.engine import Engine
 from function.http_api import WebhookHttp
@@ -32,9 +32,18 @@ def build_webhook(config: Config | None = None, environ: Mapping[str, str] | Non
 
     ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout.
     """
+    return build_webhook_and_recorder(config, environ)[0]
+
+
+def build_webhook_and_recorder(
+    config: Config | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[WebhookHttp, AuditRecorder]:
+    """build_webhook, plus its recorder for hosts that start and drain the audit sender
+    themselves (the Knative Functions instance in func.py); ``environ`` also names the config."""
     configure_logging()
-    config = load_config() if config is None else config
+    env = os.environ if environ is None else environ
+    config = load_config(dict(env)) if config is None else config
     engine = Engine(config)
-    recorder = build_recorder(config, os.environ if environ is None else environ)
+    recorder = build_recorder(config, env)
     admission = Admission(engine, recorder)
-    return WebhookHttp(admission, ready=recorder.ready, metrics=recorder.metrics_text)
+    return WebhookHttp(admission, ready=recorder.ready, metrics=recorder.metrics_text), recorder

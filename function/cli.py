@@ -8,17 +8,17 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, OUTCOMES
 from function.engine import Engine
-from function.manifests import DocumentResult, mutate_document
+from function.manifests import ObjectResult, mutate_chunk
+from function.yamldoc import DocumentError, load_documents
 
 FUNC_SOURCE = Path(__file__).with_name("func.py")
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
@@ -63,64 +63,148 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("castslice serve: CASTSLICE_TLS_RELOAD_SECONDS must be seconds", file=sys.stderr)
             return 2
         CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
+    scheme = "https" if args.tls_cert else "http"
+    print(f"castslice serve: {TARGETS[args.target]} listening on {scheme}://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
     create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
     return 0
 
 
 # -- castslice mutate ---------------------------------------------------------------------------
-def _read_documents(path: str) -> list[Any]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+"""What ``-f DIR`` reads, as kubectl does."""
+
+EXIT_DENIED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a tool whose reader went away (``| head``)."""
 
 
-def _report(result: DocumentResult, out: TextIO) -> None:
-    label = f"{result.kind.lower()}/{result.name}"
-    if result.decision is None:
-        print(f"{label}: skipped: {result.note}", file=out)
-        return
-    decision = result.decision
-    # The per-mutator lines carry the reasons; the summary adds one only when no mutator spoke.
-    summary = f"{label}: {decision.outcome}"
-    if not decision.decisions or decision.outcome == "error":
-        summary += f": {decision.reason}"
-    print(summary, file=out)
-    for part in decision.decisions:
-        print(f"  {part.mutator}: {part.action.value}: {part.reason}", file=out)
-    for warning in decision.warnings:
-        print(f"  warning: {warning}", file=out)
+def _manifest_sources(filename: str, recursive: bool) -> list[tuple[str, str]]:
+    """(label, text) of every input: stdin, one file, or the manifests of a directory."""
+    # Bytes decoded as they are: text mode would turn CRLF into LF, and an untouched document
+    # must come out byte for byte.
+    if filename == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        return [("-", _text("-", stdin.read()) if stdin is not None else sys.stdin.read())]
+    path = Path(filename)
+    if not path.is_dir():
+        return [(filename, _text(filename, path.read_bytes()))]
+    found = path.rglob("*") if recursive else path.iterdir()
+    files = sorted(p for p in found if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
+    return [(str(p.relative_to(path)), _text(str(p), p.read_bytes())) for p in files]
+
+
+def _text(label: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DocumentError(f"{label}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:
+    head = f"{prefix}{result.kind.lower()}/{result.name}"
+    for problem in result.errors:
+        print(f"{head}: invalid: {problem}", file=out)
+    if not result.sites:
+        print(f"{head}: skipped: {result.note}", file=out)
+    for site in result.sites:
+        where = f" {site.label}" if site.label else ""
+        if site.site.found_by == "walk":
+            where += " (found by the general walk)"
+        decision = site.decision
+        # The per-mutator lines carry the reasons; the summary adds one only when no mutator spoke.
+        summary = f"{head}{where}: {decision.outcome}"
+        if not decision.decisions or decision.outcome == "error":
+            summary += f": {decision.reason}"
+        print(summary, file=out)
+        for part in decision.decisions:
+            print(f"  {part.mutator}: {part.action.value}: {part.reason}", file=out)
+        for warning in decision.warnings:
+            print(f"  warning: {warning}", file=out)
+        if site.problem:
+            print(f"  error: {site.problem}", file=out)
+    for problem in result.warnings:
+        print(f"  warning: {problem}", file=out)
+    for hint in result.hints:
+        print(f"  hint: {hint}", file=out)
+
+
+def _stream(sources: list[list[str]]) -> Iterator[str]:
+    """One YAML stream of several files: a ``---`` between them, each file's text untouched.
+
+    Yielded document by document: written in pieces, a reader that goes away (``| head``) is
+    noticed at the next write, where one huge write could end silently short."""
+    previous = ""
+    for pieces in sources:
+        for number, piece in enumerate(pieces):
+            if number == 0 and previous:
+                if not previous.endswith("\n"):
+                    yield "\n"
+                if not piece.startswith("---"):
+                    yield "---\n"
+            if piece:
+                yield piece
+                previous = piece
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
         engine = Engine(_config_from(args.config))
-        documents = _read_documents(args.filename)
+        sources = _manifest_sources(args.filename, args.recursive)
+        loaded = [(label, load_documents(text, label)) for label, text in sources]
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
-    except (OSError, yaml.YAMLError) as error:
-        print(f"castslice mutate: cannot read {args.filename}: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except OSError as error:
+        print(f"castslice mutate: cannot read {args.filename}: {error.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except DocumentError as error:
+        print(f"castslice mutate: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
-    results = [mutate_document(engine, i, doc, args.namespace) for i, doc in enumerate(documents)]
+    several = Path(args.filename).is_dir() if args.filename != "-" else False
+    results: list[ObjectResult] = []
+    texts: list[list[str]] = []
+    for label, chunks in loaded:
+        pieces = []
+        for index, chunk in enumerate(chunks):
+            objects, text = mutate_chunk(engine, chunk, label, index, args.namespace)
+            results.extend(objects)
+            pieces.append(text)
+        texts.append(pieces)
     for result in results:
-        _report(result, sys.stderr)
+        _report(result, sys.stderr, f"{result.source}: " if several else "")
 
     if args.output == "patch":
         patches = [
-            {"index": r.index, "kind": r.kind, "name": r.name, "patch": r.patch()}
+            {"source": r.source, "index": r.index, "item": r.item, "kind": r.kind, "name": r.name,
+             "namespace": r.namespace, "patch": r.patch()}
             for r in results
-            if r.decision is not None
+            if r.sites
         ]
         json.dump(patches, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif args.output == "json":
-        mutated = [r.document for r in results]
-        json.dump(mutated[0] if len(mutated) == 1 else mutated, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        # Always a List (what `kubectl get -o json` prints for several objects), whatever the
+        # number of objects: scripts read one shape, and kubectl apply -f - takes it as is.
+        items = [r.plain for r in results if isinstance(r.plain, dict)]
+        try:
+            text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2, allow_nan=False)
+        except ValueError:  # YAML's .inf and .nan: kubectl cannot send them either
+            print("castslice mutate: a value is .inf or .nan, which JSON cannot carry", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        sys.stdout.write(text + "\n")
     else:
-        yaml.safe_dump_all([r.document for r in results], sys.stdout, sort_keys=False)
+        for piece in _stream(texts):
+            sys.stdout.write(piece)
 
-    return 1 if any(r.denied for r in results) else 0
+    if any(r.internal_error for r in results):
+        return EXIT_INTERNAL
+    if any(r.errors for r in results):
+        return EXIT_BAD_INPUT
+    return EXIT_DENIED if any(r.denied for r in results) else 0
 
 
 # -- castslice config ---------------------------------------------------------------------------
@@ -174,25 +258,37 @@ def _short(text: str, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+AUDIT_VIEWS = ("summary", "list", "rejected")
+
+
+def _rejected(store: Any, args: argparse.Namespace) -> int:
+    """The events the consumer refused (schema or attribute checks), newest first, with why."""
+    rows = list(reversed(store.rejected()))[: args.limit]
+    if args.output == "json":
+        for row in rows:
+            row["event"] = json.loads(row["event"])
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    _table(("RECEIVED", "ID", "TYPE", "SOURCE", "PROBLEMS"),
+           [(r["received_at"][:19] + "Z", r["id"], r["type"], r["source"], _short("; ".join(r["problems"])))
+            for r in rows], sys.stdout)
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from function.audit.consumer import AuditStore, Query
 
     if args.db != ":memory:" and not Path(args.db).exists():
-        print(
-            f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
-            file=sys.stderr,
-        )
+        print(f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
+              file=sys.stderr)
         return 2
     store = AuditStore(args.db)
     try:
-        query = Query(
-            args.since,
-            args.until,
-            args.namespace,
-            args.outcome,
-            args.mutator,
-            args.limit if args.view == "list" else None,
-        )
+        if args.view == "rejected":
+            return _rejected(store, args)
+        query = Query(args.since, args.until, args.namespace, args.outcome, args.mutator,
+                      args.limit if args.view == "list" else None)
         if args.view == "list":
             events = store.events(query)
             if args.output == "json":
@@ -200,14 +296,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
                 return 0
             rows = [
-                (
-                    e["time"][:19] + "Z",
-                    e["outcome"],
-                    e["podnamespace"],
-                    e["subject"].rsplit("/", 1)[-1],
-                    e["mutators"],
-                    _short(e["data"]["reason"]),
-                )
+                (e["time"][:19] + "Z", e["outcome"], e["podnamespace"], e["subject"].rsplit("/", 1)[-1],
+                 e["mutators"], _short(e["data"]["reason"]))
                 for e in events
             ]
             _table(("TIME", "OUTCOME", "NAMESPACE", "POD", "MUTATORS", "REASON"), rows, sys.stdout)
@@ -227,55 +317,76 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print("\nby outcome", file=out)
     _table(("OUTCOME", "COUNT"), [(o, summary["byOutcome"][o]) for o in OUTCOMES], out)
     print("\nby namespace", file=out)
-    _table(
-        ("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
-        [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]],
-        out,
-    )
+    _table(("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
+           [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]], out)
     print("\nby mutator (each mutator's own action)", file=out)
-    _table(
-        ("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
-        [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"]) for r in summary["byMutator"]],
-        out,
-    )
+    _table(("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
+           [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"])
+            for r in summary["byMutator"]], out)
     print(f"\nby {summary['byTime']['bucket']} (UTC)", file=out)
-    _table(
-        ("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
-        [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]],
-        out,
-    )
+    _table(("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
+           [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]], out)
     return 0
 
 
+def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from function.engine import ENGINE_VERSION
+
+    try:
+        package = version("castslice")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        package = "unknown"
+    return f"castslice {package} (engine {ENGINE_VERSION})"
+
+
+CONFIG_HELP = "configuration file (default: $CASTSLICE_CONFIG, else the built-in defaults)"
+
+
 def parser() -> argparse.ArgumentParser:
+    # Every option's help names its default (a test holds every option to it).
     top = argparse.ArgumentParser(
         prog="castslice", description="GPU and spot admission webhook: serve it, or see what it would do."
     )
+    top.add_argument("--version", action="version", version=version_text(),
+                     help="print the version and exit (default: off)")
     sub = top.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the function (functions-framework, ASGI)")
-    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
-    serve.add_argument("--target", choices=sorted(TARGETS), default="mutate")
-    serve.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
-    serve.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS")
-    serve.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"),
+                       help="address to listen on (default: $HOST, else 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)),
+                       help=f"port to listen on (default: $PORT, else {DEFAULT_PORT})")
+    serve.add_argument("--target", choices=sorted(TARGETS), default="mutate",
+                       help="what to serve: mutate, the admission webhook; audit, the reference "
+                       "audit consumer (default: mutate)")
+    serve.add_argument("--config", help=CONFIG_HELP)
+    serve.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (default: none, plain HTTP)")
+    serve.add_argument("--tls-key", help="PEM private key for --tls-cert (default: none)")
     serve.set_defaults(run=cmd_serve)
 
     mutate = sub.add_parser("mutate", help="apply the webhook to manifests offline")
-    mutate.add_argument("-f", "--filename", required=True, help="YAML file (several documents allowed), or -")
-    mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml")
-    mutate.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
-    mutate.add_argument("-n", "--namespace", default="default", help="namespace of objects that name none")
+    mutate.add_argument("-f", "--filename", required=True,
+                        help="a YAML or JSON file (several documents allowed), a directory of them, "
+                        "or - for stdin (required, no default)")
+    mutate.add_argument("-R", "--recursive", action="store_true",
+                        help="with a directory, read its subdirectories too (default: off)")
+    mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
+                        help="yaml: the manifests, untouched documents byte for byte; json: a v1 List "
+                        "of the objects; patch: the JSON patch of each object (default: yaml)")
+    mutate.add_argument("--config", help=CONFIG_HELP)
+    mutate.add_argument("-n", "--namespace", default="default",
+                        help="namespace of objects that name none (default: default)")
     mutate.set_defaults(run=cmd_mutate)
 
     config = sub.add_parser("config", help="check or show the configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     validate = config_sub.add_parser("validate", help="check a configuration file")
-    validate.add_argument("file")
+    validate.add_argument("file", help="the configuration file to check (required)")
     validate.set_defaults(run=cmd_config_validate)
     show = config_sub.add_parser("show", help="print the effective configuration")
-    show.add_argument("--config", help="configuration file (default: $CASTSLICE_CONFIG, else built-in)")
+    show.add_argument("--config", help=CONFIG_HELP)
     show.set_defaults(run=cmd_config_show)
 
     from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
@@ -283,33 +394,48 @@ def parser() -> argparse.ArgumentParser:
     audit = sub.add_parser(
         "audit", help="list or summarise the decision events the reference audit consumer stored"
     )
-    audit.add_argument(
-        "view",
-        nargs="?",
-        choices=("summary", "list"),
-        default="summary",
-        help="summary (default): counts by outcome, namespace, mutator, time; list: the events",
-    )
-    audit.add_argument(
-        "--db",
-        default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
-        help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})",
-    )
-    audit.add_argument("--since", type=parse_when, help="from this time: 15m, 2h, 7d ago, or an ISO time")
-    audit.add_argument("--until", type=parse_when, help="before this time (same forms as --since)")
-    audit.add_argument("-n", "--namespace", help="only Pods in this namespace")
-    audit.add_argument("--outcome", choices=OUTCOMES, help="only this outcome")
-    audit.add_argument("--mutator", help="only decisions where this mutator acted (mutated or denied)")
-    audit.add_argument("--bucket", choices=sorted(BUCKETS), default="hour", help="summary time bucket")
-    audit.add_argument("--limit", type=int, default=100, help="list at most this many, newest first")
-    audit.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    audit.add_argument("view", nargs="?", choices=AUDIT_VIEWS, default="summary",
+                       help="summary: counts by outcome, namespace, mutator, time; list: the events; "
+                       "rejected: the events the consumer refused, with why (default: summary)")
+    audit.add_argument("--db", default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
+                       help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})")
+    audit.add_argument("--since", type=parse_when,
+                       help="from this time: 15m, 2h, 7d ago, or an ISO time (default: the first event)")
+    audit.add_argument("--until", type=parse_when,
+                       help="before this time, same forms as --since (default: no end)")
+    audit.add_argument("-n", "--namespace", help="only Pods in this namespace (default: every namespace)")
+    audit.add_argument("--outcome", choices=OUTCOMES, help="only this outcome (default: every outcome)")
+    audit.add_argument("--mutator",
+                       help="only decisions where this mutator acted, mutated or denied (default: any)")
+    audit.add_argument("--bucket", choices=sorted(BUCKETS), default="hour",
+                       help="summary time bucket (default: hour)")
+    audit.add_argument("--limit", type=int, default=100,
+                       help="list or rejected: at most this many, newest first (default: 100)")
+    audit.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                       help="table or json (default: table)")
     audit.set_defaults(run=cmd_audit)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`castslice mutate ... | head`): no traceback. Point stdout at
+        # /dev/null so the interpreter's own flush at exit cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - a bug: one line, a non-zero exit, traceback on request
+        print(f"castslice: internal error: {type(error).__name__}: {error} (a bug: please report it; "
+              "CASTSLICE_DEBUG=1 prints the traceback)", file=sys.stderr)
+        if os.environ.get("CASTSLICE_DEBUG") == "1":
+            traceback.print_exc()
+        return EXIT_INTERNAL
     return code
 
 

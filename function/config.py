@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
@@ -157,11 +157,36 @@ def _describe(error: ValidationError, origin: str) -> str:
     return "\n".join(lines)
 
 
+KUSTOMIZE_HEADER: Final = {"apiVersion": "config.castops.io/v1alpha1", "kind": "CastSliceConfiguration"}
+"""A configuration file may start like a Kubernetes object (these, plus ``metadata``), so that
+kustomize can read it as a local-config resource: knative/base/config.yaml is the one source of
+excludedNamespaces, copied by kustomize into the webhook's namespaceSelector. The function
+checks and ignores the header."""
+
+
+def _without_kustomize_header(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    if not any(key in data for key in (*KUSTOMIZE_HEADER, "metadata")):
+        return data
+    for key, accepted in KUSTOMIZE_HEADER.items():
+        if data.get(key) != accepted:
+            raise ConfigError(
+                f"invalid CastSlice configuration in {origin}: {key}: {data.get(key)!r} is not valid; "
+                f"accepted: {accepted!r} (with apiVersion, kind and metadata together, or none of them)"
+            )
+    if not isinstance(data.get("metadata"), dict):
+        raise ConfigError(
+            f"invalid CastSlice configuration in {origin}: metadata: {data.get('metadata')!r} is not valid; "
+            "accepted: a mapping (the kustomize object's metadata)"
+        )
+    return {key: value for key, value in data.items() if key not in (*KUSTOMIZE_HEADER, "metadata")}
+
+
 def parse_config(data: Any, origin: str = "configuration") -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"invalid CastSlice configuration in {origin}: the top level must be a mapping")
+    data = _without_kustomize_header(data, origin)
     try:
         return Config.model_validate(data)
     except ValidationError as error:

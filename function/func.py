@@ -5,6 +5,11 @@
 the same webhook on functions-framework's default Flask server, kept so the benchmark can
 compare the two servers on the same code. Both are thin: all HTTP behaviour is in http_api.
 
+``new()`` is the same webhook for Knative Functions (``func build`` / ``func deploy``): the
+func-python middleware imports the ``function`` package, calls ``new()`` and serves the returned
+object's ASGI ``handle`` on its own server (hypercorn), calling ``start(cfg)`` at start-up,
+``stop()`` at shutdown and ``ready()`` / ``alive()`` for /health/readiness and /health/liveness.
+
 ``audit`` is the reference audit consumer (an ASGI CloudEvent function, ``castslice serve
 --target audit``): it receives the webhook's decision events from a Trigger, checks them against
 the shipped JSON Schema and stores them in SQLite at $CASTSLICE_AUDIT_DB (``castslice audit``).
@@ -16,6 +21,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Mapping
 
 import flask
 import functions_framework
@@ -25,10 +31,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from function.app import build_webhook
+from function.app import build_webhook, build_webhook_and_recorder
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
+from function.audit.recorder import AuditRecorder
+from function.audit.shutdown import Receive, Scope, Send
 from function.contract import LARGE_BODY_BYTES, MAX_BODY_BYTES
-from function.http_api import HttpReply
+from function.http_api import HttpReply, WebhookHttp
 from function.offload import LargeReviews
 
 # Built at import: a bad configuration stops the server from starting, with the key named.
@@ -108,6 +116,56 @@ def mutate_wsgi(request: flask.Request) -> flask.Response:
                 body = None
     reply = webhook.handle(request.method, request.path, body)
     return flask.Response(reply.body, reply.status, reply.headers, content_type=reply.content_type)
+
+
+class KnativeFunction:
+    """The webhook as a Knative Functions instance (what ``new()`` returns).
+
+    Built in ``start``, not at construction: func-python hands ``start`` the environment as a
+    dict (``cfg``), which is where the configuration file (CASTSLICE_CONFIG) and the audit sink
+    (K_SINK from a SinkBinding, DAPR_HTTP_PORT) are read from.
+    """
+
+    def __init__(self) -> None:
+        self._webhook: WebhookHttp | None = None
+        self._recorder: AuditRecorder | None = None
+
+    def start(self, cfg: Mapping[str, str]) -> None:
+        # A bad configuration raises here, naming the key: the middleware does not start serving.
+        self._webhook, self._recorder = build_webhook_and_recorder(environ=dict(cfg))
+        if self._recorder.sender is not None:
+            # Now, in the serving process: the sender's threads must not be started before a fork.
+            self._recorder.sender.start()
+
+    def stop(self) -> None:
+        # The drain: queued audit events get audit.drainSeconds to reach the sink, the rest is
+        # written to stdout. The middleware calls this on lifespan shutdown (SIGTERM).
+        if self._recorder is not None:
+            left = self._recorder.close()
+            if left:
+                logging.getLogger("castslice.audit").warning("%d audit event(s) went to stdout at stop", left)
+
+    def ready(self) -> tuple[bool, str]:
+        if self._webhook is None:
+            return False, "not started"
+        return (True, "ready") if self._webhook.ready() else (False, "shutting down")
+
+    def alive(self) -> tuple[bool, str]:
+        return True, "alive"
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._webhook is None:  # start() was not called: no configuration, no sink
+            reply = HttpReply(503, b'{"error":"not started","status":503}')
+        else:
+            request = Request(scope, receive)
+            body = await _read_limited(request) if request.method == "POST" else b""
+            reply = self._webhook.handle(request.method, request.url.path, body)
+        await _starlette(reply)(scope, receive, send)
+
+
+def new() -> KnativeFunction:
+    """The Knative Functions constructor (func-python's ``serve(new)``)."""
+    return KnativeFunction()
 
 
 _audit_store: AuditStore | None = None

@@ -14,7 +14,6 @@ attempt waits for ``audit.requestTimeoutSeconds``; the webhook's own latency mus
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.server
 import json
 import os
@@ -26,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -208,14 +207,14 @@ class Served:
             "--port",
             str(self.port),
         ]
+        # Its own session (and process group): gunicorn forks a worker, and killing only the
+        # master would leave that worker behind. kill() ends the whole group.
         self.process = subprocess.Popen(
             command,
             cwd=ROOT,
             env=full_env,
             stdout=self.stdout_path.open("wb"),
             stderr=self.stderr_path.open("wb"),
-            # Its own process group: kill() ends gunicorn's worker (and its large-review process)
-            # too, which SIGKILL to the master alone leaves running as an orphan.
             start_new_session=True,
         )
         wait_for(self._listening, 20, 0.05, f"castslice serve --target {target} to listen")
@@ -233,17 +232,72 @@ class Served:
         return parse_lines(self.stdout_path.read_text())
 
     def terminate(self, timeout: float = 20) -> float:
-        """SIGTERM, as Kubernetes sends; how long the process took to exit."""
+        """SIGTERM to the server, as Kubernetes sends; how long it took to exit (its group is then
+        killed, so nothing it started outlives it)."""
         started = time.monotonic()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout)
-        return time.monotonic() - started
+        took = time.monotonic() - started
+        self.kill()
+        return took
 
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+    def group(self) -> list[int]:
+        """The live processes of the server's session: the server and whatever it forked."""
+        return session_members(self.process.pid)
+
+    def kill(self, timeout: float = 10) -> None:
+        """SIGKILL the whole process group and wait until none of it is left."""
+        with suppress(ProcessLookupError):  # the group is already gone
             os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
+        if self.process.poll() is None:
+            self.process.wait(timeout)
+        what = f"the processes of session {self.process.pid} to end"
+        wait_for(lambda: not self.group(), timeout, 0.02, what)
+
+
+def session_members(session: int) -> list[int]:
+    """Live (not zombie) processes whose session id is ``session``, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # pid (comm) state ppid pgrp session ...: comm may hold spaces, so split after its ')'.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == session:
+            members.append(int(entry.name))
+    return members
+
+
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def served_consumer(tmp: Path) -> Iterator[Served]:
+    """The reference audit consumer (``castslice serve --target audit``) on a SQLite file in
+    ``tmp``; on exit its whole process group is killed and gone (the tests' ``consumer`` fixture)."""
+    served = Served(tmp, "audit", env={"CASTSLICE_AUDIT_DB": str(tmp / "audit.sqlite3")})
+    try:
+        yield served
+    finally:
+        served.kill()
 
 
 def parse_lines(text: str) -> list[dict[str, Any]]:

@@ -24,7 +24,15 @@ from function.audit.consumer import event_problems
 from function.config import Config, load_config_file
 from function.engine import Engine
 from function.wire import parse_review
-from tests.audit_support import HangingSink, RecordingSink, Served, parse_lines, refused_url, wait_for
+from tests.audit_support import (
+    HangingSink,
+    RecordingSink,
+    Served,
+    parse_lines,
+    refused_url,
+    served_consumer,
+    wait_for,
+)
 from tests.support import asgi_client, load_review, review_names
 
 SECRET = "s3cr3t-do-not-leak"
@@ -73,9 +81,8 @@ def stored_rows(db: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def consumer(tmp_path: Path) -> Iterator[Served]:
-    served = Served(tmp_path, "audit", env={"CASTSLICE_AUDIT_DB": str(tmp_path / "audit.sqlite3")})
-    yield served
-    served.kill()
+    with served_consumer(tmp_path) as served:
+        yield served
 
 
 def test_every_decision_reaches_the_consumer_once_with_its_exact_patch_and_reason(

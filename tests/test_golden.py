@@ -1,8 +1,10 @@
 """Golden cases for `castslice mutate`, in the manner of Kyverno's CLI tests.
 
-Each folder under tests/golden/ is one case: ``input.yaml`` (manifests), optional ``config.yaml``,
+Each folder under tests/golden/ is one case: ``input.yaml`` (manifests; or an ``input/`` directory,
+read with ``-f DIR``), optional ``config.yaml``,
 ``case.yaml`` (description, extra args, expected exit code, optional ``stdin: true``), and the
-expected ``expected.out`` (stdout) and ``expected.err`` (the decision report on stderr).
+expected ``expected.out`` (stdout) and ``expected.err`` (the decision report on stderr), where
+the case's own path is written as a relative one.
 Run with CASTSLICE_REGENERATE=1 to rewrite the expected files, then read the diff.
 """
 
@@ -23,8 +25,14 @@ GOLDEN = ROOT / "tests" / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.yaml").exists())
 
 
+def _input(case_dir: Path) -> Path:
+    """input.yaml, or a directory input/ (for -f DIR cases)."""
+    single = case_dir / "input.yaml"
+    return single if single.exists() else case_dir / "input"
+
+
 def _args(case_dir: Path, spec: dict[str, object]) -> list[str]:
-    args = ["mutate", "-f", "-" if spec.get("stdin") else str(case_dir / "input.yaml")]
+    args = ["mutate", "-f", "-" if spec.get("stdin") else str(_input(case_dir))]
     if (case_dir / "config.yaml").exists():
         args += ["--config", str(case_dir / "config.yaml")]
     extra = spec.get("args") or []
@@ -41,6 +49,8 @@ def test_golden_case(case: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.
         monkeypatch.setattr(sys, "stdin", io.StringIO((case_dir / "input.yaml").read_text()))
     code = cli.main(_args(case_dir, spec))
     out, err = capsys.readouterr()
+    # Paths in reports and patch entries are relative to the case, whatever the checkout.
+    out = out.replace(str(case_dir) + "/", "")
     err = err.replace(str(case_dir) + "/", "")
     if REGENERATE:
         (case_dir / "expected.out").write_text(out)

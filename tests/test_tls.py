@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -108,6 +110,7 @@ def test_serve_over_tls_and_reload_a_renewed_certificate(tmp_path: Path) -> None
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: the finally below ends gunicorn's worker too
     )
     try:
         deadline = time.monotonic() + 30
@@ -129,7 +132,8 @@ def test_serve_over_tls_and_reload_a_renewed_certificate(tmp_path: Path) -> None
         assert name == "after-renewal"
     finally:
         server.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=15)

@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol, TextIO
 from urllib.parse import quote, urlsplit
 
 import orjson
+
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 
@@ -132,13 +133,8 @@ class StdoutWriter:
         return self.write({"castslice": LINE_MARKER, "delivered": True}, event)
 
     def undelivered(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
-        header = {
-            "castslice": LINE_MARKER,
-            "delivered": False,
-            "reason": reason,
-            "detail": detail,
-            "attempts": attempts,
-        }
+        header = {"castslice": LINE_MARKER, "delivered": False, "reason": reason, "detail": detail,
+                  "attempts": attempts}
         return self.write(header, event)
 
 

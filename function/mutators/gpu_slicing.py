@@ -16,10 +16,13 @@ the count those resources qualify, and the vGPU mutator would add it back (see d
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from function.configmerge import merge_map
 from function.configtypes import (
     MutatorConfig,
     OnInvalidAnnotation,
@@ -48,19 +51,33 @@ SLICE_RATIO = "castops.io/slice-ratio"
 _POSITIVE_INTEGER = re.compile(r"[1-9][0-9]*")  # used with fullmatch: "4\n" is not 4
 
 
+DEFAULT_PRESETS: Mapping[str, int] = MappingProxyType({"training": 4, "inference": 2, "batch": 2, "dev": 1})
+
+
 class GpuSlicingConfig(MutatorConfig):
     """CastSlice's own behaviour: opt-in slicing of a whole-GPU resource into shares."""
 
     enabled: bool = True
     sourceResource: ResourceName = "nvidia.com/gpu"
     targetResource: ResourceName = "nvidia.com/gpu-shared"
-    presets: dict[str, PositiveInt] = Field(
-        default_factory=lambda: {"training": 4, "inference": 2, "batch": 2, "dev": 1}
-    )
+    presets: dict[str, PositiveInt] = Field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    """Merged with the defaults: name only the presets to change; ``name: null`` removes one."""
+    replacePresets: bool = False
+    """True: ``presets`` is the whole map, as written (no default preset is kept)."""
     defaultSlices: PositiveInt = 1
     """Slices for an opted-in Pod with neither slice-ratio nor workload-type (the seed's v0.1.0 default)."""
     maxSliceRatio: PositiveInt = 1000
     """Upper bound for castops.io/slice-ratio: larger values are bad input, not a quantity overflow."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_presets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "presets" in data:
+            if data["presets"] is None:  # presets: null, like an absent key: the defaults
+                return {key: value for key, value in data.items() if key != "presets"}
+            replace = data.get("replacePresets") is True
+            data = {**data, "presets": merge_map(DEFAULT_PRESETS, data["presets"], replace)}
+        return data
 
     @field_validator("sourceResource", "targetResource")
     @classmethod
@@ -73,6 +90,23 @@ class GpuSlicingConfig(MutatorConfig):
             raise ValueError("sourceResource and targetResource must differ")
         if not self.presets:
             raise ValueError("presets must name at least one workload type")
+        return self
+
+    @model_validator(mode="after")
+    def _within_max_slice_ratio(self) -> GpuSlicingConfig:
+        """A preset (or the default count) above maxSliceRatio would slice a Pod into more shares
+        than an explicit castops.io/slice-ratio may ask for: refused at load, not per Pod."""
+        above = [
+            f"presets.{name}: {count}" for name, count in self.presets.items() if count > self.maxSliceRatio
+        ]
+        if self.defaultSlices > self.maxSliceRatio:
+            above.append(f"defaultSlices: {self.defaultSlices}")
+        if above:
+            raise ValueError(
+                f"{', '.join(above)} {'is' if len(above) == 1 else 'are'} above maxSliceRatio "
+                f"({self.maxSliceRatio}); "
+                "lower it or raise maxSliceRatio"
+            )
         return self
 
 

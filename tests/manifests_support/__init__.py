@@ -53,9 +53,23 @@ def kubectl_path() -> str:
     )
 
 
+def _kind_of(kustomization: Path) -> str:
+    return str((yaml.safe_load(kustomization.read_text(encoding="utf-8")) or {}).get("kind", "Kustomization"))
+
+
 def kustomization_dirs() -> list[Path]:
-    """Every directory under knative/ holding a kustomization (the base and each overlay)."""
-    return sorted(path.parent for path in KNATIVE_DIR.rglob("kustomization.yaml"))
+    """Every directory under knative/ holding a kustomization that renders (the base and each
+    overlay); components (kind: Component) render only as part of one."""
+    return sorted(
+        path.parent for path in KNATIVE_DIR.rglob("kustomization.yaml") if _kind_of(path) == "Kustomization"
+    )
+
+
+def component_dirs() -> list[Path]:
+    """Every kustomize Component under knative/ (added to an overlay with `components:`)."""
+    return sorted(
+        path.parent for path in KNATIVE_DIR.rglob("kustomization.yaml") if _kind_of(path) == "Component"
+    )
 
 
 @functools.cache

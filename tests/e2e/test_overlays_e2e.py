@@ -1,0 +1,116 @@
+"""Every knative/ overlay, with and without the eventing component, through a server-side dry
+run on the e2e apiserver, with the Knative and cert-manager CRDs installed: the apiserver's own
+validation (schemas, CRD openAPI types, defaulting) accepts every object an overlay renders.
+
+Self-contained (its own CRD installation tolerates CRDs another test module installed), so it
+runs alone: python -m pytest tests/e2e/test_overlays_e2e.py
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.crds import crd_documents
+from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, render
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERLAYS = [d for d in kustomization_dirs() if d.parent.name == "overlays"]
+EXPECTED = {"knative-route", "deployment", "knative-route-eventing", "deployment-eventing"}
+
+
+def install_crds_once(api: Any, timeout: float = 60) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    extensions = client.ApiextensionsV1Api(api)
+    names = []
+    for crd in crd_documents():
+        try:
+            extensions.create_custom_resource_definition(crd)
+        except ApiException as error:
+            if error.status != 409:  # already installed by another module
+                raise
+        names.append(crd["metadata"]["name"])
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            conditions = {
+                c.type: c.status
+                for c in extensions.read_custom_resource_definition(name).status.conditions or []
+            }
+            if conditions.get("Established") == "True":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {name} not established: {conditions}")
+            time.sleep(0.2)
+    time.sleep(1)  # discovery of the new groups is asynchronous in the apiserver
+
+
+def strict_dry_run(api: Any, objects: list[dict[str, Any]], origin: str) -> None:
+    """Create every object with dryRun=All and fieldValidation=Strict, so that a field the
+    apiserver (or a CRD's schema) does not know fails instead of being dropped with a warning.
+    Namespaces are created for real first: namespaced dry runs need them."""
+    from kubernetes import dynamic
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    dyn = dynamic.DynamicClient(api)
+    failures = []
+    for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
+        try:
+            resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        except ResourceNotFoundError:
+            if (obj["apiVersion"], obj["kind"]) != ("policy/v1", "PodDisruptionBudget"):
+                raise
+            obj = {**obj, "apiVersion": "policy/v1beta1"}  # Kubernetes before 1.21, same fields
+            resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        try:
+            if obj["kind"] == "Namespace":
+                try:
+                    resource.create(body=obj)
+                except ApiException as error:
+                    if error.status != 409:
+                        raise
+                continue
+            resource.create(
+                body=obj,
+                namespace=obj["metadata"].get("namespace"),
+                query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            )
+        except ApiException as error:
+            failures.append(f"{origin}: {obj['kind']}/{obj['metadata']['name']}: {error.status} {error.body}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def api(control_plane: Any) -> Any:
+    api = control_plane.api_client()
+    install_crds_once(api)
+    return api
+
+
+def test_the_overlays_are_the_four_documented_ones() -> None:
+    assert {d.name for d in OVERLAYS} == EXPECTED
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[d.name for d in OVERLAYS])
+def test_overlay_passes_a_server_side_dry_run(api: Any, overlay: Path) -> None:
+    objects = render(overlay)
+    assert objects
+    strict_dry_run(api, objects, str(overlay.relative_to(ROOT)))
+
+
+def test_base_passes_a_server_side_dry_run(api: Any) -> None:
+    strict_dry_run(api, render(KNATIVE_DIR / "base"), "knative/base")
+
+
+def test_the_dry_run_refuses_an_unknown_field(api: Any) -> None:
+    objects = render(KNATIVE_DIR / "overlays" / "deployment")
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    deployment["spec"]["strategy"]["rollingUpdate"]["bogusField"] = 3
+    with pytest.raises(AssertionError, match="bogusField"):
+        strict_dry_run(api, objects, "mutated deployment overlay")
