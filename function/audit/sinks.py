@@ -30,7 +30,6 @@ from typing import Any, Final, Protocol, TextIO
 from urllib.parse import quote, urlsplit
 
 import orjson
-
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 
