@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from function.config import Config, ConfigError, load_config, load_config_file
-from function.contract import DEFAULT_PORT, OUTCOMES
+from function.contract import DEFAULT_PORT, LARGE_REVIEWS_ENV, OUTCOMES
 from function.engine import Engine
 from function.manifests import ObjectResult, mutate_chunk
 from function.yamldoc import DocumentError, load_documents
@@ -52,6 +52,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
     # idle limits and a shutdown that answers every request received (function/server.py).
     options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}
+    # Large reviews off the event loop, in a child process of the worker (function/offload.py).
+    os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
     if args.tls_cert:
         from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

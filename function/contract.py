@@ -20,6 +20,9 @@ DEFAULT_PORT: Final = 8080
 """Knative's default container port; the Procfile and manifests pass it as $PORT."""
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
+LARGE_REVIEWS_ENV: Final = "CASTSLICE_LARGE_REVIEWS"
+"""``process``: large reviews are decided in a child process (``castslice serve`` sets it unless it
+is set already); anything else, or unset (tests, other servers): on the event loop, as any review."""
 LARGE_BODY_BYTES: Final = 256 * 1024
 """Reviews with a larger body are decided in a separate process, off the event loop (function/offload.py)."""
 MAX_HEADER_BYTES: Final = 64 * 1024

@@ -35,7 +35,7 @@ from function.app import build_webhook, build_webhook_and_recorder
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
 from function.audit.recorder import AuditRecorder
 from function.audit.shutdown import Receive, Scope, Send
-from function.contract import LARGE_BODY_BYTES, MAX_BODY_BYTES
+from function.contract import LARGE_BODY_BYTES, LARGE_REVIEWS_ENV, MAX_BODY_BYTES
 from function.http_api import HttpReply, WebhookHttp
 from function.offload import LargeReviews
 
@@ -89,6 +89,7 @@ async def mutate(request: Request) -> Response:
     if (
         body is not None
         and len(body) > LARGE_BODY_BYTES
+        and os.environ.get(LARGE_REVIEWS_ENV) == "process"
         and webhook.is_review(request.method, request.url.path)
     ):
         # A large Pod would stall every other request on this event loop for up to a second:
