@@ -106,10 +106,18 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
             small_answers += 1
         for thread in threads:
             thread.join()
+
+        def events() -> list[Any]:
+            return [line for line in served.stdout_lines() if line.get("castslice") == "audit-event"]
+
+        # Events are written by the audit sender thread after the reply: give the last ones time
+        # to reach stdout before the server is killed (a count, not a sleep: no slack hides a loss).
+        deadline = time.monotonic() + 10
+        while len(events()) < 2 + small_answers and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         served.kill()
     assert [status for status, _ in results] == [200, 200]
     assert all(took < 5 for _, took in results), results  # the apiserver's default timeout... ours
     assert small_answers >= 5  # the loop kept answering while the large reviews were decided
-    events = [line for line in served.stdout_lines() if line.get("castslice") == "audit-event"]
-    assert len(events) == 2 + small_answers  # the large ones are recorded by the worker too
+    assert len(events()) == 2 + small_answers  # the large ones are recorded by the worker too
