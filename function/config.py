@@ -107,6 +107,12 @@ class VgpuDevice(Strict):
     visibleDevicesEnv: str | None = None
     """With ``overwriteEnv``, a container with none of this device's resources (the priority aside)
     gets ``<env>=none``."""
+    defaultExclusiveCores: bool = False
+    """Give a container that takes whole GPUs of this device (a count with no memory size, or a
+    memory percentage of 100, and no cores) ``<coresResource>: 100``, so the vGPU scheduler books
+    the GPUs' compute as exclusive instead of 0 % of it (current HAMi, PR #1354). Left out, it is
+    what HAMi does: on for vendor ``nvidia`` with a coresResource, off for other vendors (HAMi does
+    it for NVIDIA only)."""
 
     @field_validator(
         "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
@@ -121,6 +127,24 @@ class VgpuDevice(Strict):
         if value is not None and not _ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not a valid environment variable name")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hamis_exclusive_cores_default(cls, data: Any) -> Any:
+        # Resolved here rather than kept unset, so `castslice config show` prints what applies.
+        if isinstance(data, dict) and "defaultExclusiveCores" not in data:
+            nvidia = isinstance(data.get("vendor"), str) and data["vendor"].lower() == "nvidia"
+            data = {**data, "defaultExclusiveCores": nvidia and data.get("coresResource") is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _exclusive_cores_need_a_cores_resource(self) -> VgpuDevice:
+        if self.defaultExclusiveCores and self.coresResource is None:
+            raise ValueError(
+                f"devices entry {self.vendor!r}: defaultExclusiveCores needs a coresResource (the "
+                "resource that carries the 100); set one or defaultExclusiveCores: false"
+            )
+        return self
 
     @property
     def resources(self) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from function.mutators.exclusive_cores import EXCLUSIVE_CORES, takes_whole_gpus
+from function.mutators.exclusive_cores import EXCLUSIVE_CORES, whole_gpu_cores
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ HAMI_CASES = [
 
 @pytest.mark.parametrize(("case", "device", "values", "expected"), HAMI_CASES, ids=[c[0] for c in HAMI_CASES])
 def test_hamis_own_cases(case: str, device: Names, values: dict[str, int], expected: bool) -> None:
-    assert takes_whole_gpus(device, values, added_count=0) is expected
+    assert whole_gpu_cores(device, values, added_count=0) == (device.coresResource if expected else None)
 
 
 def test_exclusive_means_100_percent_of_the_compute() -> None:
@@ -82,16 +82,16 @@ def test_exclusive_means_100_percent_of_the_compute() -> None:
     ],
 )
 def test_corners_of_hamis_rule(values: dict[str, int], added: int, expected: bool) -> None:
-    assert takes_whole_gpus(NVIDIA, values, added_count=added) is expected
+    assert whole_gpu_cores(NVIDIA, values, added_count=added) == (CORES if expected else None)
 
 
 def test_a_device_without_a_cores_resource_never_gets_cores() -> None:
-    assert not takes_whole_gpus(Names(coresResource=None), {GPU: 1}, added_count=0)
+    assert whole_gpu_cores(Names(coresResource=None), {GPU: 1}, added_count=0) is None
 
 
 def test_a_device_without_a_percentage_resource_decides_by_the_memory_size() -> None:
     no_percentage = Names(memoryPercentageResource=None)
-    assert takes_whole_gpus(no_percentage, {GPU: 1}, added_count=0)
-    assert not takes_whole_gpus(no_percentage, {GPU: 1, MEM: 10}, added_count=0)
+    assert whole_gpu_cores(no_percentage, {GPU: 1}, added_count=0) == CORES
+    assert whole_gpu_cores(no_percentage, {GPU: 1, MEM: 10}, added_count=0) is None
     # Another device's percentage resource means nothing to this one.
-    assert takes_whole_gpus(no_percentage, {GPU: 1, PCT: 50}, added_count=0)
+    assert whole_gpu_cores(no_percentage, {GPU: 1, PCT: 50}, added_count=0) == CORES

@@ -42,20 +42,21 @@ class DeviceResources(Protocol):
     def coresResource(self) -> str | None: ...
 
 
-def takes_whole_gpus(device: DeviceResources, values: Mapping[str, int], added_count: int) -> bool:
-    """Whether a container gets ``EXCLUSIVE_CORES`` of ``device``'s cores resource.
+def whole_gpu_cores(device: DeviceResources, values: Mapping[str, int], added_count: int) -> str | None:
+    """The cores resource a container gets ``EXCLUSIVE_CORES`` of, or None when it does not take
+    whole GPUs of ``device`` (or the device has no cores resource).
 
     ``values``: the device resources the container asks for, each with its (checked) value;
     ``added_count``: the count this pass adds to it (0 when none is added).
     """
     cores = device.coresResource
     if cores is None or cores in values:
-        return False
+        return None
     count = values.get(device.countResource, added_count)
     if count <= 0:
-        return False
+        return None
     percentage = device.memoryPercentageResource
     if percentage is not None and percentage in values:
-        return values[percentage] == 100
+        return cores if values[percentage] == 100 else None
     memory = device.memoryResource
-    return memory is None or memory not in values
+    return cores if memory is None or memory not in values else None

@@ -33,6 +33,7 @@ from typing import Any
 
 from function.config import OnInvalidAnnotation, VgpuConfig, VgpuDevice
 from function.mutators.base import MutatorResult, Pod, RequestInfo, fit_warning, labels_of, shown
+from function.mutators.exclusive_cores import EXCLUSIVE_CORES, whole_gpu_cores
 from function.quantity import QuantityError, parse_quantity
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -94,6 +95,8 @@ class _Plan:
     vgpu: bool = False
     """Whether one of them makes a vGPU Pod: any but the priority resource."""
     add_counts: list[str] = field(default_factory=list)
+    add_cores: list[str] = field(default_factory=list)
+    """Cores resources set to EXCLUSIVE_CORES: the container takes whole GPUs of that device."""
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -282,12 +285,16 @@ class Vgpu:
             values = {name: self._check(plan, device, name) for name in mine}
             plan.asks.extend(mine)
             plan.vgpu = plan.vgpu or any(name != device.priorityResource for name in mine)
-            if (
+            adds_count = (
                 device.countResource not in asked
                 and self.config.defaultCount > 0
                 and any(name in asked for name in device.count_qualifiers)
-            ):
+            )
+            if adds_count:
                 plan.add_counts.append(device.countResource)
+            added = self.config.defaultCount if adds_count else 0
+            if device.defaultExclusiveCores and (cores := whole_gpu_cores(device, values, added)):
+                plan.add_cores.append(cores)
             if device.priorityResource in values:
                 # The first device of the table wins when two map to the same env var.
                 plan.env.setdefault(self.config.priorityEnv, str(values[device.priorityResource]))
@@ -327,13 +334,13 @@ class Vgpu:
         for plan in plans:
             container = plan.container
             for count in plan.add_counts:
-                resources = container.setdefault("resources", {})
-                for section_name in ("limits", "requests"):
-                    section = resources.get(section_name)
-                    if not isinstance(section, dict):
-                        section = resources[section_name] = {}
-                    section[count] = str(self.config.defaultCount)
+                _set_in_limits_and_requests(container, count, str(self.config.defaultCount))
                 done.append(f"{count}: {self.config.defaultCount} added to {plan.where}")
+            for cores in plan.add_cores:
+                _set_in_limits_and_requests(container, cores, str(EXCLUSIVE_CORES))
+                done.append(
+                    f"{cores}: {EXCLUSIVE_CORES} added to {plan.where} (whole GPU: exclusive compute)"
+                )
             existing = _env_by_name(container) if plan.env else None
             if existing is None:
                 continue
@@ -354,6 +361,17 @@ class Vgpu:
                     env[max(i for i, item in enumerate(env) if item is entry)] = wanted
                     done.append(f"{env_name}={value} in {plan.where} (was {_env_value(entry)})")
         return done
+
+
+def _set_in_limits_and_requests(container: dict[str, Any], name: str, value: str) -> None:
+    """Both sections: the apiserver wants an extended resource's request equal to its limit (and
+    has already copied limits into requests before the webhook sees the Pod)."""
+    resources = container.setdefault("resources", {})
+    for section_name in ("limits", "requests"):
+        section = resources.get(section_name)
+        if not isinstance(section, dict):
+            section = resources[section_name] = {}
+        section[name] = value
 
 
 def _env_value(entry: dict[str, Any]) -> str:
