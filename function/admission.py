@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
+from function.cluster import EMPTY_VIEW, ClusterView
 from function.engine import Decision, Engine
-from function.mutators.base import RequestInfo
-from function.review import AdmissionReview, allowed, denied, patched, reply
+from function.mutators.base import RequestContext
+from function.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
 
 log = logging.getLogger("castslice.admission")
 
@@ -15,32 +17,43 @@ log = logging.getLogger("castslice.admission")
 class DecisionRecorder(Protocol):
     """Where decisions go after the reply is built (audit events, metrics). Must never block."""
 
-    def record(self, review: AdmissionReview, decision: Decision | None, reply: dict[str, Any]) -> None: ...
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None: ...
 
 
 class NoRecorder:
-    def record(self, review: AdmissionReview, decision: Decision | None, reply: dict[str, Any]) -> None:
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
         return None
 
 
-def request_info(review: AdmissionReview) -> RequestInfo:
+class Answer(NamedTuple):
+    """The reply to one review, and the engine's decision (None when the request was not ours)."""
+
+    response: AdmissionResponse
+    decision: Decision | None
+
+    def review(self, api_version: str) -> dict[str, object]:
+        return self.response.review(api_version)
+
+
+def request_context(review: AdmissionReview, cluster: ClusterView = EMPTY_VIEW) -> RequestContext:
     request = review.request
     pod = request.object if isinstance(request.object, dict) else {}
     metadata = pod.get("metadata")
     if not isinstance(metadata, dict):
         metadata = {}
     namespace = request.namespace or metadata.get("namespace") or ""
-    return RequestInfo(
+    return RequestContext(
         uid=request.uid,
         namespace=namespace if isinstance(namespace, str) else "",
         operation=request.operation,
         dry_run=bool(request.dryRun),
         username=request.userInfo.username or "",
         groups=tuple(request.userInfo.groups or ()),
+        cluster=cluster,
     )
 
 
-def response_for(uid: str, decision: Decision) -> dict[str, Any]:
+def response_for(uid: str, decision: Decision) -> AdmissionResponse:
     audit: dict[str, str] = {"outcome": decision.outcome}
     # Name the mutators only when their work reaches the apiserver (a patch or a denial), not
     # when a safety check withheld it.
@@ -54,29 +67,35 @@ def response_for(uid: str, decision: Decision) -> dict[str, Any]:
 
 
 class Admission:
-    def __init__(self, engine: Engine, recorder: DecisionRecorder | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        recorder: DecisionRecorder | None = None,
+        cluster: Callable[[], ClusterView] = lambda: EMPTY_VIEW,
+    ) -> None:
+        """``cluster`` gives the current read-only snapshot of the cluster; it is called once per
+        review, before the engine runs, so every pass of the review sees the same cluster."""
         self.engine = engine
         self.recorder: DecisionRecorder = recorder or NoRecorder()
+        self.cluster = cluster
 
-    def review(self, review: AdmissionReview) -> tuple[dict[str, Any], Decision | None]:
-        """The reply envelope, and the engine's decision (None when the request is not ours to judge)."""
+    def review(self, review: AdmissionReview) -> Answer:
         request = review.request
         decision: Decision | None = None
         if not request.is_pod_create():
             # Registered for pods CREATE only; anything else (a misconfigured rule) passes untouched.
             response = allowed(request.uid)
         else:
-            info = request_info(review)
+            ctx = request_context(review, self.cluster())
             try:
-                decision = self.engine.decide(request.object, info)
+                decision = self.engine.decide(request.object, ctx)
                 response = response_for(request.uid, decision)
             except Exception as error:  # decide() guards itself; this guards building the reply
                 log.exception("internal error answering request uid %s", request.uid)
-                decision = self.engine.internal_error(error, info)
+                decision = self.engine.internal_error(error, ctx)
                 response = response_for(request.uid, decision)
-        answer = reply(review.apiVersion, response)
         try:
-            self.recorder.record(review, decision, answer)
+            self.recorder.record(review, decision)
         except Exception:  # recording must never turn an answer into a failure
             log.exception("recording the decision failed (request uid %s)", request.uid)
-        return answer, decision
+        return Answer(response, decision)

@@ -15,20 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from function.config import Config, OnInternalError
+from function.config import Config
+from function.configtypes import MutatorMode, OnInternalError
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
-from function.mutators.base import (
-    Action,
-    Mutator,
-    MutatorDecision,
-    MutatorResult,
-    Pod,
-    RequestInfo,
-    labels_of,
-)
-from function.mutators.gpu_slicing import GpuSlicing
-from function.mutators.vgpu import Vgpu
+from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
+from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove
+from function.pod import Pod, cap_warning, labels_of
 from function.rules import extended_resource_violations
 
 log = logging.getLogger("castslice.engine")
@@ -56,7 +49,8 @@ class Decision:
 
     @property
     def acting_mutators(self) -> tuple[str, ...]:
-        return tuple(d.mutator for d in self.decisions if d.action is not Action.unchanged)
+        """The mutators whose work reaches the apiserver (shadow ones never do)."""
+        return tuple(d.mutator for d in self.decisions if d.action is not Action.unchanged and not d.shadow)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,38 +72,41 @@ class MutatorLied(Exception):
     """A mutator's reported action disagrees with what it did to the Pod: a bug, never trusted."""
 
 
-def build_mutators(config: Config) -> list[Mutator]:
-    """The mutators the configuration switches on, in the engine's fixed order.
+def build_mutators(config: Config, mode: MutatorMode = MutatorMode.enforce) -> list[Mutator]:
+    """The enabled mutators of the given mode, in the plug-ins' fixed order.
 
-    1. gpu-slicing: an explicit per-Pod opt-in (castops.io/optimize) wins over a cluster-wide
-       default, so it runs first. It renames nvidia.com/gpu, after which vgpu sees no count.
-    2. vgpu: HAMi's redirection of every Pod still asking for a vGPU resource.
-
-    When both are on they are told about each other, so the pair converges in one pass: slicing
-    treats an opted-in Pod that also asks for HAMi memory/cores/priority as bad input (deny, or
-    with invalidAnnotations: warn, not sliced and left to vgpu), since vgpu would otherwise add
-    back the count slicing removed; vgpu counts the renamed resource as a GPU for overwriteEnv.
+    Each is built knowing the claims of every *other* enabled mutator (shadow ones included, so
+    a mutator behaves the same whether its neighbour enforces or shadows): that is how GPU slicing
+    learns which vGPU resources qualify the GPU count, and vGPU which name slicing renames it to,
+    without pairwise code here.
     """
+    enabled = config.enabled_plugins()
+    claims = {plugin.name: plugin.claims(section) for plugin, section in enabled}
+    settings = Settings(invalid_annotations=config.invalidAnnotations)
     mutators: list[Mutator] = []
-    slicing, vgpu = config.gpuSlicing, config.vgpu
-    if slicing.enabled:
-        conflicts = vgpu.resources_needing_count(slicing.sourceResource) if vgpu.enabled else ()
-        mutators.append(GpuSlicing(slicing, config.invalidAnnotations, conflicts))
-    if vgpu.enabled:
-        renamed = {slicing.sourceResource: slicing.targetResource} if slicing.enabled else {}
-        mutators.append(Vgpu(vgpu, config.invalidAnnotations, renamed))
+    for plugin, section in enabled:
+        if section.mode is not mode:
+            continue
+        neighbours = Neighbours(tuple(c for name, c in claims.items() if name != plugin.name))
+        mutators.append(plugin.build(section, settings, neighbours))
     return mutators
 
 
 class Engine:
-    def __init__(self, config: Config, mutators: Sequence[Mutator] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        mutators: Sequence[Mutator] | None = None,
+        shadow: Sequence[Mutator] | None = None,
+    ) -> None:
+        """``mutators`` and ``shadow`` override what the configuration builds (tests)."""
         self.config = config
         self.mutators = list(build_mutators(config) if mutators is None else mutators)
-        self.config_digest = config.digest()
+        self.shadow = list(build_mutators(config, MutatorMode.shadow) if shadow is None else shadow)
         self._excluded = frozenset(config.excludedNamespaces)
 
     # -- the public entry point ------------------------------------------------------------
-    def decide(self, pod: Pod, request: RequestInfo) -> Decision:
+    def decide(self, pod: Pod, request: RequestContext) -> Decision:
         """Never raises: an unexpected exception becomes an ``error`` decision per onInternalError."""
         started = time.perf_counter()
         try:
@@ -120,22 +117,24 @@ class Engine:
         return replace(decision, duration_seconds=time.perf_counter() - started)
 
     # -- the steps -------------------------------------------------------------------------
-    def _decide(self, pod: Pod, request: RequestInfo) -> Decision:
+    def _decide(self, pod: Pod, request: RequestContext) -> Decision:
         if request.namespace in self._excluded:
             return Decision("unchanged", True, f"namespace {request.namespace} is excluded")
         if labels_of(pod).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
 
         intended, decisions = self.run_to_fixed_point(pod, request)
-        warnings = tuple(w for d in decisions for w in d.warnings)
-        denials = [d for d in decisions if d.action is Action.denied]
+        decisions += self.run_shadow(intended, request)
+        warnings = tuple(w for d in decisions if not d.shadow for w in d.warnings)
+        denials = [d for d in decisions if d.action is Action.denied and not d.shadow]
         if denials:
             message = "; ".join(d.reason for d in denials)
             return Decision("denied", False, message, decisions=decisions, warnings=warnings, denial=message)
 
         patch = diff(pod, intended)
         if not patch:
-            reasons = "; ".join(f"{d.mutator}: {d.reason}" for d in decisions) or "no mutator enabled"
+            reasons = "; ".join(f"{d.mutator}: {d.reason}" for d in decisions if not d.shadow)
+            reasons = reasons or ("no mutator enforcing" if self.shadow else "no mutator enabled")
             return Decision("unchanged", True, reasons, decisions=decisions, warnings=warnings)
 
         problem = self._proof_problem(pod, patch, intended)
@@ -151,7 +150,7 @@ class Engine:
                     "castslice: mutation withheld by a safety check; Pod admitted unchanged",
                 ),
             )
-        acted = ", ".join(d.mutator for d in decisions if d.action is Action.mutated)
+        acted = ", ".join(d.mutator for d in decisions if d.action is Action.mutated and not d.shadow)
         return Decision(
             "mutated",
             True,
@@ -162,7 +161,9 @@ class Engine:
             mutated_pod=intended,
         )
 
-    def run_to_fixed_point(self, pod: Pod, request: RequestInfo) -> tuple[Pod, tuple[MutatorDecision, ...]]:
+    def run_to_fixed_point(
+        self, pod: Pod, request: RequestContext
+    ) -> tuple[Pod, tuple[MutatorDecision, ...]]:
         """Run every mutator in order until a whole pass changes nothing (or one denies)."""
         current = pod
         decisions: dict[str, MutatorDecision] = {}
@@ -190,6 +191,19 @@ class Engine:
                 return current, tuple(decisions.values())
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
 
+    def run_shadow(self, pod: Pod, request: RequestContext) -> tuple[MutatorDecision, ...]:
+        """Each shadow mutator once, on a copy of the Pod the enforcing mutators produced: what it
+        would do is recorded (``shadow=True``); its changes and denials go nowhere."""
+        decisions = []
+        for mutator in self.shadow:
+            working = copy_json(pod)
+            result = mutator.mutate(working, request)
+            _check_honest(mutator, result, working != pod)
+            decisions.append(
+                MutatorDecision(mutator.name, result.action, result.reason, result.warnings, True)
+            )
+        return tuple(decisions)
+
     def _proof_problem(self, original: Pod, patch: list[Operation], intended: Pod) -> str | None:
         try:
             prove(original, patch, intended)
@@ -200,7 +214,7 @@ class Engine:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None
 
-    def internal_error(self, error: Exception, request: RequestInfo) -> Decision:
+    def internal_error(self, error: Exception, request: RequestContext) -> Decision:
         summary = f"internal error: {type(error).__name__}"
         if self.config.onInternalError is OnInternalError.deny:
             message = f"castslice: {summary} (request uid {request.uid}); Pod denied by onInternalError: deny"
@@ -209,7 +223,7 @@ class Engine:
             "error",
             True,
             f"{summary}: {error}",
-            warnings=(f"castslice: {summary}; Pod admitted unchanged"[:120],),
+            warnings=(cap_warning(f"castslice: {summary}; Pod admitted unchanged"),),
         )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from function.admission import Admission
 from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES, METRICS_PATH, MUTATE_PATHS, READYZ_PATH
-from function.review import BadReview, parse_review
+from function.wire import BadReview, parse_review
 
 log = logging.getLogger("castslice.http")
 
@@ -86,5 +86,5 @@ class WebhookHttp:
         except BadReview as bad:
             log.warning("bad admission request: %s", bad)
             return problem(400, str(bad))
-        answer, _ = self.admission.review(review)
-        return json_reply(200, answer)
+        answer = self.admission.review(review)
+        return json_reply(200, answer.review(review.apiVersion))

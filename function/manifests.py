@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from function.engine import Decision, Engine
-from function.mutators.base import RequestInfo
+from function.mutators.base import RequestContext
 from function.patch import Operation, copy_json, escape
 
 # Where the Pod template sits in each workload kind the apiserver turns into Pods.
@@ -77,7 +77,7 @@ def mutate_document(engine: Engine, index: int, document: Any, default_namespace
     else:
         return DocumentResult(index, kind, name, document, None, f"{kind} creates no Pods: left as is")
 
-    request = RequestInfo(uid=f"offline-{index}", namespace=namespace, operation="CREATE", dry_run=True)
+    request = RequestContext(uid=f"offline-{index}", namespace=namespace, operation="CREATE", dry_run=True)
     decision = engine.decide(pod, request)
     result = document
     if decision.mutated_pod is not None:

@@ -1,31 +1,16 @@
 """The apiserver's validation rules that a patch could break, as pure checks over a Pod dict.
 
-Only extended resources are touched by CastSlice's mutators, so these are the rules checked
+The rules a patch from the GPU mutators could break (they touch only extended resources), checked
 before any patch is sent (ValidateResourceRequirements in k8s.io/kubernetes/pkg/apis/core):
 an extended resource must be a whole number, a request needs an equal limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
+from function.pod import iter_containers
 from function.quantity import QuantityError, parse_quantity
-
-CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
-
-
-def iter_containers(pod: dict[str, Any]) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """(list name, index, container) for every container of every kind in the Pod spec."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return
-    for kind in CONTAINER_LISTS:
-        containers = spec.get(kind)
-        if isinstance(containers, list):
-            for index, container in enumerate(containers):
-                if isinstance(container, dict):
-                    yield kind, index, container
 
 
 def is_extended_resource(name: str) -> bool:

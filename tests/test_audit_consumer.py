@@ -18,7 +18,7 @@ from function.audit.events import build_event
 from function.cli import main, parse_when
 from function.config import Config
 from function.engine import Engine
-from function.review import parse_review
+from function.wire import parse_review
 from tests.support import FUNC_SOURCE, load_review
 
 START = datetime(2025, 6, 1, 10, 0, 0, tzinfo=UTC)

@@ -17,7 +17,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_dict, to_structured
 from cloudevents.http import CloudEvent
 
-from function.admission import request_info
+from function.admission import request_context
 from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import build_event
 from function.audit.metrics import AuditMetrics
@@ -32,13 +32,13 @@ from function.audit.sinks import (
 )
 from function.config import Config
 from function.engine import Engine
-from function.review import parse_review
+from function.wire import parse_review
 from tests.audit_support import HangingSink, RecordingSink, parse_lines, refused_url, wait_for
 from tests.support import load_review
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff=0.005, max_backoff=0.02)
 REVIEW = parse_review(json.dumps(load_review("default-slice-inference")).encode())
-DECISION = Engine(Config()).decide(REVIEW.request.object, request_info(REVIEW))
+DECISION = Engine(Config()).decide(REVIEW.request.object, request_context(REVIEW))
 
 
 def make_event(number: int) -> CloudEvent:

@@ -23,7 +23,7 @@ from function.admission import Admission
 from function.audit.consumer import event_problems
 from function.config import Config, load_config_file
 from function.engine import Engine
-from function.review import parse_review
+from function.wire import parse_review
 from tests.audit_support import HangingSink, RecordingSink, Served, parse_lines, refused_url, wait_for
 from tests.support import asgi_client, load_review, review_names
 
@@ -123,7 +123,9 @@ def test_every_decision_reaches_the_consumer_once_with_its_exact_patch_and_reaso
 def expected_replies() -> dict[str, Any]:
     admission = Admission(Engine(Config()))  # no recorder: the answers must not depend on the sink
     return {
-        review["request"]["uid"]: admission.review(parse_review(json.dumps(review).encode()))[0]
+        review["request"]["uid"]: admission.review(parse_review(json.dumps(review).encode())).review(
+            review["apiVersion"]
+        )
         for review in REVIEWS.values()
     }
 

@@ -13,7 +13,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_dict, to_structured
 from jsonschema import Draft202012Validator
 
-from function.admission import Admission, request_info
+from function.admission import Admission, request_context
 from function.audit.consumer import decision_schema, event_problems
 from function.audit.events import (
     DATASCHEMA_URI,
@@ -28,7 +28,7 @@ from function.config import Config, parse_config
 from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
 from function.engine import ENGINE_VERSION, Decision, Engine
 from function.mutators.base import Action, MutatorDecision
-from function.review import AdmissionReview, parse_review
+from function.wire import AdmissionReview, parse_review
 from tests.support import load_review, review_names
 
 SECRET = "s3cr3t-do-not-leak"
@@ -40,7 +40,7 @@ def decide(
 ) -> tuple[AdmissionReview, Decision | None, dict[str, Any]]:
     review = parse_review(json.dumps(load_review(name)).encode())
     answer, decision = Admission(Engine(config or Config())).review(review)
-    return review, decision, answer
+    return review, decision, answer.review(review.apiVersion)
 
 
 def event_for(name: str, config: Config | None = None, **overrides: Any) -> Any:
@@ -145,7 +145,7 @@ def test_every_outcome_has_its_type_and_reason(
 def test_internal_error_has_its_own_type() -> None:
     review = parse_review(json.dumps(load_review("default-slice-inference")).encode())
     engine = Engine(Config())
-    decision = engine.internal_error(RuntimeError("boom"), request_info(review))
+    decision = engine.internal_error(RuntimeError("boom"), request_context(review))
     event = build_event(
         review, decision, event_id="e", decided_at=MOMENT, source="/s", config_digest="sha256:" + "0" * 16
     )

@@ -16,7 +16,7 @@ from function.audit.recorder import AuditRecorder, build_recorder, choose_sink
 from function.audit.sinks import DaprSink, KnativeSink, StdoutSink, StdoutWriter
 from function.config import ConfigError, parse_config
 from function.engine import Engine
-from function.review import parse_review
+from function.wire import parse_review
 from tests.support import load_review
 
 WRITER = StdoutWriter(lambda: io.StringIO())

@@ -9,7 +9,7 @@ import pytest
 
 from function.config import Config, ConfigError, load_config, parse_config
 from function.engine import Engine, NotConverged
-from function.mutators.base import Action, MutatorResult, RequestInfo
+from function.mutators.base import Action, MutatorResult, RequestContext
 from function.patch import PatchProofError, diff, escape, prove, same
 from function.quantity import QuantityError, parse_quantity
 from function.rules import extended_resource_violations, is_extended_resource
@@ -185,13 +185,13 @@ GPU_POD = {
     "metadata": {"annotations": {"castops.io/optimize": "true"}},
     "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
 }
-REQUEST = RequestInfo(uid="u1", namespace="default")
+REQUEST = RequestContext(uid="u1", namespace="default")
 
 
 class Liar:
     name = "liar"
 
-    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
         pod["spec"]["nodeName"] = "sneaky"
         return MutatorResult.unchanged("did nothing, honest")
 
@@ -199,7 +199,7 @@ class Liar:
 class Boaster:
     name = "boaster"
 
-    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
         return MutatorResult.mutated("changed everything")
 
 
@@ -208,7 +208,7 @@ class Counter:
 
     name = "counter"
 
-    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
         annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
         annotations["n"] = str(int(annotations.get("n", "0")) + 1)
         return MutatorResult.mutated("bumped")
@@ -219,7 +219,7 @@ class BreaksTheRules:
 
     name = "rule-breaker"
 
-    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
         resources = pod["spec"]["containers"][0]["resources"]
         if "requests" in resources:
             return MutatorResult.unchanged("already done")
@@ -232,7 +232,7 @@ class MutatesThenDenies:
 
     name = "second-thoughts"
 
-    def mutate(self, pod: dict[str, Any], request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
         metadata = pod.setdefault("metadata", {})
         if "marker" in metadata:
             return MutatorResult.denied("second-thoughts: the marker is not allowed")
@@ -289,8 +289,33 @@ def test_decisions_say_which_mutator_did_what() -> None:
 def test_excluded_namespace_and_opt_out_label() -> None:
     engine = Engine(Config())
     assert (
-        engine.decide(GPU_POD, RequestInfo(namespace="kube-system")).reason
+        engine.decide(GPU_POD, RequestContext(namespace="kube-system")).reason
         == "namespace kube-system is excluded"
     )
     labelled = {**GPU_POD, "metadata": {**GPU_POD["metadata"], "labels": {"castops.io/webhook": "ignore"}}}
     assert "opted out" in engine.decide(labelled, REQUEST).reason
+
+
+def test_an_opted_in_pod_whose_first_container_has_resources_but_no_gpu() -> None:
+    """The first container has resources without the source resource: it is passed over (not
+    stopped at), untouched, and the GPU container after it is sliced."""
+    pod = {
+        "kind": "Pod",
+        "metadata": {"annotations": {"castops.io/optimize": "true"}},
+        "spec": {
+            "containers": [
+                {"name": "sidecar", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}},
+                {"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            ]
+        },
+    }
+    decision = Engine(Config()).decide(pod, REQUEST)
+    assert decision.outcome == "mutated"
+    assert decision.mutated_pod is not None
+    sidecar, gpu = decision.mutated_pod["spec"]["containers"]
+    assert sidecar == pod["spec"]["containers"][0]
+    assert gpu["resources"] == {
+        "limits": {"nvidia.com/gpu-shared": "1"},
+        "requests": {"nvidia.com/gpu-shared": "1"},
+    }
+    assert decision.decisions[0].reason.endswith("in containers/gpu")

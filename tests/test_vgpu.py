@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from function import cli
-from function.config import Config, ConfigError, OnInvalidAnnotation, VgpuConfig, parse_config
+from function.config import Config, ConfigError, OnInvalidAnnotation, parse_config
 from function.engine import Engine, build_mutators
-from function.mutators.base import Action, MutatorResult, RequestInfo
+from function.mutators import vgpu
+from function.mutators.base import Action, MutatorResult, RequestContext
 from function.mutators.gpu_slicing import GpuSlicing
-from function.mutators.vgpu import Vgpu
+from function.mutators.registry import Neighbours
+from function.mutators.vgpu import Vgpu, VgpuConfig
 
-REQUEST = RequestInfo(uid="u", namespace="ml")
+REQUEST = RequestContext(uid="u", namespace="ml")
 DENY, WARN = OnInvalidAnnotation.deny, OnInvalidAnnotation.warn
 
 
@@ -446,7 +448,7 @@ def test_vgpu_is_off_by_default_and_shown_by_config_show(capsys: pytest.CaptureF
     assert [m.name for m in build_mutators(Config())] == ["gpu-slicing"]
     assert cli.main(["config", "show"]) == 0
     shown = capsys.readouterr().out
-    assert "vgpu:\n  enabled: false\n  schedulerName: hami-scheduler\n" in shown
+    assert "vgpu:\n  enabled: false\n  mode: enforce\n  schedulerName: hami-scheduler\n" in shown
     assert "countResource: nvidia.com/gpu" in shown and "visibleDevicesEnv: NVIDIA_VISIBLE_DEVICES" in shown
 
 
@@ -549,8 +551,9 @@ def test_other_vendors_need_only_a_count() -> None:
         }
     )
     assert config.vgpu.devices[0].resources == ("hygon.com/dcunum", "hygon.com/dcumem")
-    assert config.vgpu.resources_needing_count("hygon.com/dcunum") == ("hygon.com/dcumem",)
-    assert config.vgpu.resources_needing_count("nvidia.com/gpu") == ()
+    declared = Neighbours((vgpu.PLUGIN.claims(config.vgpu),))
+    assert declared.qualifiers_of("hygon.com/dcunum") == ("hygon.com/dcumem",)
+    assert declared.qualifiers_of("nvidia.com/gpu") == ()
 
 
 # -- composition with slicing ------------------------------------------------------------------

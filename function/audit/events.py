@@ -21,7 +21,8 @@ from cloudevents.http import CloudEvent
 from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
 from function.engine import ENGINE_VERSION, Decision
 from function.patch import Operation
-from function.review import AdmissionReview
+from function.pod import cap_warning
+from function.wire import AdmissionReview
 
 DATASCHEMA_URI: Final = (
     "https://raw.githubusercontent.com/castops/castslice/main/function/schemas/decision-event.v1.json"
@@ -241,19 +242,11 @@ def event_data(
         "outcome": decision.outcome,
         "allowed": decision.allowed,
         "reason": _bounded(decision.reason),
-        "mutators": [
-            {
-                "mutator": part.mutator,
-                "action": part.action.value,
-                "reason": _bounded(part.reason),
-                "warnings": list(part.warnings),
-            }
-            for part in decision.decisions
-        ],
+        "mutators": [{**part.as_dict(), "reason": _bounded(part.reason)} for part in decision.decisions],
         "patch": patch,
         "patchRedactions": redactions,
         "patchOmitted": omitted,
-        "warnings": [w[:120] for w in decision.warnings],
+        "warnings": [cap_warning(w) for w in decision.warnings],
         "denial": None if decision.denial is None else _bounded(decision.denial),
         "configDigest": config_digest,
         "engineVersion": engine_version,

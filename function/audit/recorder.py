@@ -15,7 +15,6 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import build_event, parse_extension_overrides
@@ -23,7 +22,7 @@ from function.audit.metrics import IGNORED, AuditMetrics
 from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
 from function.config import AuditConfig, Config, ConfigError
 from function.engine import ENGINE_VERSION, Decision
-from function.review import AdmissionReview
+from function.wire import AdmissionReview
 
 log = logging.getLogger("castslice.audit")
 
@@ -47,7 +46,7 @@ class AuditRecorder:
         self._new_id = new_id
         self._now = now
 
-    def record(self, review: AdmissionReview, decision: Decision | None, reply: dict[str, Any]) -> None:
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
         dry_run = bool(review.request.dryRun)
         if decision is None:
             self.metrics.admission(IGNORED, dry_run, None)

@@ -3,17 +3,18 @@
 A mutator is a pure decision over a plain Pod dict: the engine hands it a private working copy,
 the mutator edits that copy in place (or leaves it alone) and returns a ``MutatorResult`` saying
 what it did and why. The engine compares the copy with what it handed over, so a mutator that
-claims one thing and does another is caught, not trusted.
+claims one thing and does another is caught, not trusted. Everything a mutator may know besides
+the Pod comes in the ``RequestContext``, the cluster included, as a read-only snapshot.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-Pod = dict[str, Any]
+from function.cluster import EMPTY_VIEW, ClusterView
+from function.pod import Pod
 
 
 class Action(StrEnum):
@@ -23,7 +24,7 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
-class RequestInfo:
+class RequestContext:
     """What a mutator may know about the admission request besides the Pod itself."""
 
     uid: str = ""
@@ -32,6 +33,8 @@ class RequestInfo:
     dry_run: bool = False
     username: str = ""
     groups: tuple[str, ...] = ()
+    cluster: ClusterView = field(default=EMPTY_VIEW, compare=False, repr=False)
+    """One immutable snapshot of the cluster for the whole review (EMPTY_VIEW: none at all)."""
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,19 @@ class MutatorDecision:
     action: Action
     reason: str
     warnings: tuple[str, ...] = field(default=())
+    shadow: bool = False
+    """Decided in shadow mode: audited only; its changes and denials were not sent."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        decided: dict[str, Any] = {
             "mutator": self.mutator,
             "action": self.action.value,
             "reason": self.reason,
             "warnings": list(self.warnings),
         }
+        if self.shadow:
+            decided["shadow"] = True
+        return decided
 
 
 class Mutator(Protocol):
@@ -77,38 +85,4 @@ class Mutator(Protocol):
 
     name: str
 
-    def mutate(self, pod: Pod, request: RequestInfo) -> MutatorResult: ...
-
-
-def annotations_of(pod: Pod) -> dict[str, Any]:
-    metadata = pod.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    return annotations if isinstance(annotations, dict) else {}
-
-
-def labels_of(pod: Pod) -> dict[str, Any]:
-    metadata = pod.get("metadata")
-    labels = metadata.get("labels") if isinstance(metadata, dict) else None
-    return labels if isinstance(labels, dict) else {}
-
-
-WARNING_LIMIT = 120
-"""The apiserver passes at most 120 characters of a warning on to kubectl."""
-
-
-def fit_warning(head: str, tail: str) -> str:
-    """``head + tail`` within WARNING_LIMIT, cutting the head (what was found) rather than the
-    tail (what to do about it), which is the part the user needs."""
-    if len(head) + len(tail) <= WARNING_LIMIT:
-        return head + tail
-    room = max(WARNING_LIMIT - len(tail) - 3, 0)
-    return (head[:room] + "..." + tail)[:WARNING_LIMIT]
-
-
-def shown(value: object, limit: int = 24) -> str:
-    """A user-supplied value quoted for a message (JSON-escaped, so a newline shows as \\n and
-    cannot forge a line of output), cut short so warnings stay under 120 chars."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return json.dumps(text, ensure_ascii=False)
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult: ...

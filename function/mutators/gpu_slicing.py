@@ -17,15 +17,61 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from function.config import GpuSlicingConfig, OnInvalidAnnotation
-from function.mutators.base import MutatorResult, Pod, RequestInfo, annotations_of, fit_warning, shown
+from pydantic import Field, field_validator, model_validator
+
+from function.configtypes import (
+    MutatorConfig,
+    OnInvalidAnnotation,
+    PositiveInt,
+    ResourceName,
+    check_resource_name,
+)
+from function.mutators.base import MutatorResult, RequestContext
+from function.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
+from function.pod import (
+    Pod,
+    annotations_of,
+    container_label,
+    fit_warning,
+    iter_containers,
+    resource_sections,
+    set_resource,
+    shown,
+)
 from function.quantity import QuantityError, parse_quantity
-from function.rules import iter_containers
 
 OPTIMIZE = "castops.io/optimize"
 WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
+
+
+class GpuSlicingConfig(MutatorConfig):
+    """CastSlice's own behaviour: opt-in slicing of a whole-GPU resource into shares."""
+
+    enabled: bool = True
+    sourceResource: ResourceName = "nvidia.com/gpu"
+    targetResource: ResourceName = "nvidia.com/gpu-shared"
+    presets: dict[str, PositiveInt] = Field(
+        default_factory=lambda: {"training": 4, "inference": 2, "batch": 2, "dev": 1}
+    )
+    defaultSlices: PositiveInt = 1
+    """Slices for an opted-in Pod with neither slice-ratio nor workload-type (the seed's v0.1.0 default)."""
+    maxSliceRatio: PositiveInt = 1000
+    """Upper bound for castops.io/slice-ratio: larger values are bad input, not a quantity overflow."""
+
+    @field_validator("sourceResource", "targetResource")
+    @classmethod
+    def _resource(cls, value: str) -> str:
+        return check_resource_name(value)
+
+    @model_validator(mode="after")
+    def _distinct_resources(self) -> GpuSlicingConfig:
+        if self.sourceResource == self.targetResource:
+            raise ValueError("sourceResource and targetResource must differ")
+        if not self.presets:
+            raise ValueError("presets must name at least one workload type")
+        return self
 
 
 class InvalidAnnotation(Exception):
@@ -59,8 +105,9 @@ class GpuSlicing:
     def __init__(
         self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation, vgpu_resources: Collection[str] = ()
     ) -> None:
-        """``vgpu_resources``: the vGPU mutator's resources that qualify ``sourceResource`` (empty
-        when vGPU is off); an opted-in Pod asking for one is not sliced."""
+        """``vgpu_resources``: resources of other mutators that qualify ``sourceResource`` (the
+        vGPU memory, cores, ...; empty when vGPU is off); an opted-in Pod asking for one is not
+        sliced, since the vGPU mutator would add back the count slicing removed."""
         self.config = config
         self.on_invalid = on_invalid
         self.vgpu_resources = frozenset(vgpu_resources)
@@ -107,7 +154,7 @@ class GpuSlicing:
             raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text, self._presets_short)
         return workload
 
-    def mutate(self, pod: Pod, request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         annotations = annotations_of(pod)
         opt_in = annotations.get(OPTIMIZE)
         if opt_in != "true":
@@ -141,24 +188,17 @@ class GpuSlicing:
         source, target = self.config.sourceResource, self.config.targetResource
         sliced, zero = [], []
         for kind, index, container in iter_containers(pod):
-            resources = container.get("resources")
-            if not isinstance(resources, dict):
-                continue
-            sections = [resources.get("limits"), resources.get("requests")]
-            asked = [sec[source] for sec in sections if isinstance(sec, dict) and source in sec]
+            asked = [section[source] for _, section in resource_sections(container) if source in section]
             if not asked:
                 continue
             if all(_is_zero(quantity) for quantity in asked):
                 # nvidia.com/gpu: 0 (common in templated charts) asks for no GPU: it gets no slice.
-                zero.append(f"{kind}/{container.get('name', index)}")
+                zero.append(container_label(kind, index, container))
                 continue
-            for section_name in ("limits", "requests"):
-                section = resources.get(section_name)
-                if not isinstance(section, dict):
-                    section = resources[section_name] = {}
+            for _, section in resource_sections(container):
                 section.pop(source, None)
-                section[target] = str(slices)
-            sliced.append(f"{kind}/{container.get('name', index)}")
+            set_resource(container, target, str(slices))
+            sliced.append(container_label(kind, index, container))
 
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not sliced:
@@ -172,15 +212,10 @@ class GpuSlicing:
         if not self.vgpu_resources:
             return None
         for kind, index, container in iter_containers(pod):
-            resources = container.get("resources")
-            if not isinstance(resources, dict):
-                continue
-            for section_name in ("limits", "requests"):
-                section = resources.get(section_name)
-                if isinstance(section, dict):
-                    for resource in section:
-                        if resource in self.vgpu_resources:
-                            return f"{kind}/{container.get('name', index)}", resource
+            for _, section in resource_sections(container):
+                for resource in section:
+                    if resource in self.vgpu_resources:
+                        return container_label(kind, index, container), resource
         return None
 
 
@@ -189,3 +224,31 @@ def _is_zero(quantity: object) -> bool:
         return parse_quantity(quantity) == 0
     except QuantityError:
         return False  # not ours to judge: the apiserver rejects a malformed quantity itself
+
+
+def _build(config: GpuSlicingConfig, settings: Settings, neighbours: Neighbours) -> GpuSlicing:
+    return GpuSlicing(config, settings.invalid_annotations, neighbours.qualifiers_of(config.sourceResource))
+
+
+def _claims(config: GpuSlicingConfig) -> Claims:
+    return Claims(
+        renames=(
+            Rename(
+                config.sourceResource,
+                config.targetResource,
+                "gpuSlicing.sourceResource",
+                "gpuSlicing.targetResource",
+            ),
+        )
+    )
+
+
+PLUGIN = MutatorPlugin(
+    name=GpuSlicing.name,
+    # An explicit per-Pod opt-in (castops.io/optimize) wins over cluster-wide policies: first.
+    order=100,
+    config_key="gpuSlicing",
+    config_model=GpuSlicingConfig,
+    build=_build,
+    claims=_claims,
+)

@@ -31,10 +31,178 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from function.config import OnInvalidAnnotation, VgpuConfig, VgpuDevice
-from function.mutators.base import MutatorResult, Pod, RequestInfo, fit_warning, labels_of, shown
+from pydantic import Field, field_validator, model_validator
+
+from function.configtypes import (
+    ENV_NAME,
+    SCHEDULER_NAME,
+    MutatorConfig,
+    OnInvalidAnnotation,
+    ResourceName,
+    Strict,
+    check_resource_name,
+)
+from function.mutators.base import MutatorResult, RequestContext
 from function.mutators.exclusive_cores import EXCLUSIVE_CORES, whole_gpu_cores
+from function.mutators.registry import Claims, MutatorPlugin, Neighbours, OwnedResource, Settings
+from function.pod import (
+    Pod,
+    asked_resources,
+    container_label,
+    fit_warning,
+    iter_containers,
+    labels_of,
+    resource_sections,
+    set_resource,
+    shown,
+)
 from function.quantity import QuantityError, parse_quantity
+
+
+class VgpuDevice(Strict):
+    """One vendor's vGPU resource names (HAMi's device table).
+
+    A container asking for any of these resources but the priority makes its Pod a vGPU Pod (the
+    priority resource only sets ``priorityEnv``, as in HAMi). Only ``countResource`` is required:
+    HAMi's Cambricon, Hygon, Iluvatar and Ascend entries have a count and a memory resource (and
+    mostly a cores resource), no percentage or priority.
+    """
+
+    vendor: str = Field(min_length=1)
+    countResource: ResourceName
+    memoryResource: ResourceName | None = None
+    memoryPercentageResource: ResourceName | None = None
+    """A share of the device's memory in percent: a whole number from 0 to 100."""
+    coresResource: ResourceName | None = None
+    """A share of the device's compute in percent: a whole number from 0 to 100."""
+    priorityResource: ResourceName | None = None
+    """Its value becomes the env ``priorityEnv`` of the container (HAMi's task priority); alone it
+    does not make a vGPU Pod."""
+    visibleDevicesEnv: str | None = None
+    """With ``overwriteEnv``, a container with none of this device's resources (the priority aside)
+    gets ``<env>=none``."""
+    defaultExclusiveCores: bool = False
+    """Give a container that takes whole GPUs of this device (a count with no memory size, or a
+    memory percentage of 100, and no cores) ``<coresResource>: 100``, so the vGPU scheduler books
+    the GPUs' compute as exclusive instead of 0 % of it (current HAMi, PR #1354). Left out, it is
+    what HAMi does: on for vendor ``nvidia`` with a coresResource, off for other vendors (HAMi does
+    it for NVIDIA only)."""
+
+    @field_validator(
+        "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
+    )
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return None if value is None else check_resource_name(value)
+
+    @field_validator("visibleDevicesEnv")
+    @classmethod
+    def _env(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hamis_exclusive_cores_default(cls, data: Any) -> Any:
+        # Resolved here rather than kept unset, so `castslice config show` prints what applies.
+        if isinstance(data, dict) and "defaultExclusiveCores" not in data:
+            nvidia = isinstance(data.get("vendor"), str) and data["vendor"].lower() == "nvidia"
+            data = {**data, "defaultExclusiveCores": nvidia and data.get("coresResource") is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _exclusive_cores_need_a_cores_resource(self) -> VgpuDevice:
+        if self.defaultExclusiveCores and self.coresResource is None:
+            raise ValueError(
+                f"devices entry {self.vendor!r}: defaultExclusiveCores needs a coresResource (the "
+                "resource that carries the 100); set one or defaultExclusiveCores: false"
+            )
+        return self
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """Every resource name of this device, count first."""
+        names = (
+            self.countResource,
+            self.memoryResource,
+            self.memoryPercentageResource,
+            self.coresResource,
+            self.priorityResource,
+        )
+        return tuple(name for name in names if name is not None)
+
+    @property
+    def count_qualifiers(self) -> tuple[str, ...]:
+        """The resources that, asked for without a count, get ``defaultCount`` added."""
+        names = (self.memoryResource, self.memoryPercentageResource, self.coresResource)
+        return tuple(name for name in names if name is not None)
+
+
+def _nvidia_device() -> VgpuDevice:
+    return VgpuDevice(
+        vendor="nvidia",
+        countResource="nvidia.com/gpu",
+        memoryResource="nvidia.com/gpumem",
+        memoryPercentageResource="nvidia.com/gpumem-percentage",
+        coresResource="nvidia.com/gpucores",
+        priorityResource="nvidia.com/priority",
+        visibleDevicesEnv="NVIDIA_VISIBLE_DEVICES",
+    )
+
+
+class VgpuConfig(MutatorConfig):
+    """HAMi-style redirection of vGPU Pods to the vGPU scheduler. Off unless switched on."""
+
+    enabled: bool = False
+    schedulerName: str = "hami-scheduler"
+    forceOverwriteDefaultScheduler: bool = True
+    """HAMi's flag of the same name (its Helm default is true): a vGPU Pod naming
+    ``default-scheduler`` is redirected. No schedulerName counts as ``default-scheduler`` (the
+    apiserver fills it in before any webhook sees the Pod; ``castslice mutate`` treats it the same).
+    False leaves such Pods alone, so only Pods naming the vGPU scheduler itself are handled."""
+    forceSchedulerName: bool = False
+    """True also redirects a vGPU Pod that names another scheduler (HAMi never does: it leaves the
+    Pod alone). The default-scheduler case is ``forceOverwriteDefaultScheduler``."""
+    defaultCount: int = Field(default=1, ge=0)
+    """Count added to a container asking only for memory, memory percentage or cores; 0 adds none."""
+    overwriteEnv: bool = False
+    """Give containers without a device of the table ``<visibleDevicesEnv>=none`` (NVIDIA_VISIBLE_DEVICES)."""
+    denyPrivileged: bool = True
+    """Current HAMi denies vGPU Pods with a privileged container; False restores the old skip + warning."""
+    priorityEnv: str = "CUDA_TASK_PRIORITY"
+    optOutLabel: str = "hami.io/webhook"
+    optOutValue: str = "ignore"
+    devices: list[VgpuDevice] = Field(default_factory=lambda: [_nvidia_device()], min_length=1)
+
+    @field_validator("schedulerName")
+    @classmethod
+    def _scheduler(cls, value: str) -> str:
+        if not SCHEDULER_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid scheduler name")
+        return value
+
+    @field_validator("priorityEnv")
+    @classmethod
+    def _env(cls, value: str) -> str:
+        if not ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_devices(self) -> VgpuConfig:
+        if self.schedulerName == "default-scheduler":
+            raise ValueError("schedulerName must name the vGPU scheduler, not default-scheduler")
+        owners: dict[str, str] = {}
+        for device in self.devices:
+            if device.vendor in owners.values():
+                raise ValueError(f"vendor {device.vendor!r} appears twice in devices")
+            for name in device.resources:
+                if name in owners:
+                    raise ValueError(f"resource {name!r} is listed twice in devices ({owners[name]})")
+                owners[name] = device.vendor
+        return self
+
 
 DEFAULT_SCHEDULER = "default-scheduler"
 VGPU_CONTAINER_LISTS = ("initContainers", "containers")
@@ -43,10 +211,6 @@ NAME_LIMIT = 20
 """Container names in warnings are cut to this length, so the advice fits in 120 characters."""
 VALUE_LIMIT = 10
 """Likewise for a value quoted in a warning (the denial quotes more)."""
-
-
-def _where(kind: str, container: dict[str, Any]) -> str:
-    return f"{kind}/{container.get('name', '?')}"
 
 
 def _short_name(container: dict[str, Any]) -> str:
@@ -89,6 +253,7 @@ class _Plan:
     """What one pass would do to one container, worked out before anything is touched."""
 
     kind: str
+    index: int
     container: dict[str, Any]
     asks: list[str] = field(default_factory=list)
     """Every device resource the container asks for, priority included (for the reason)."""
@@ -101,20 +266,7 @@ class _Plan:
 
     @property
     def where(self) -> str:
-        return _where(self.kind, self.container)
-
-
-def _sections(container: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    resources = container.get("resources")
-    if not isinstance(resources, dict):
-        return []
-    return [
-        (name, section) for name in ("limits", "requests") if isinstance(section := resources.get(name), dict)
-    ]
-
-
-def _asked(container: dict[str, Any]) -> set[str]:
-    return {name for _, section in _sections(container) for name in section}
+        return container_label(self.kind, self.index, self.container)
 
 
 def _is_privileged(container: dict[str, Any]) -> bool:
@@ -166,7 +318,7 @@ class Vgpu:
             self._visible_env[device.visibleDevicesEnv] = previous | owned
 
     # -- the decision ------------------------------------------------------------------------
-    def mutate(self, pod: Pod, request: RequestInfo) -> MutatorResult:
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         config = self.config
         if labels_of(pod).get(config.optOutLabel) == config.optOutValue:
             return MutatorResult.unchanged(f"opted out ({config.optOutLabel}={config.optOutValue})")
@@ -184,7 +336,7 @@ class Vgpu:
             return MutatorResult.unchanged(left_alone)
 
         try:
-            plans, privileged, skipped = self._plan(spec)
+            plans, privileged, skipped = self._plan(pod)
         except BadValue as bad:
             if self.on_invalid is OnInvalidAnnotation.deny:
                 return MutatorResult.denied(f"castslice: {bad.message}")
@@ -239,35 +391,29 @@ class Vgpu:
         return f"Pod names scheduler {shown(scheduler, 64)}: left alone"
 
     # -- planning: every check before any change -----------------------------------------------
-    def _plan(self, spec: dict[str, Any]) -> tuple[list[_Plan], str, list[tuple[str, str]]]:
+    def _plan(self, pod: Pod) -> tuple[list[_Plan], str, list[tuple[str, str]]]:
         """Per-container plans, the first privileged container's name ("" if none), and the
         privileged containers skipped under ``denyPrivileged: false`` that asked for vGPU (where,
         short name)."""
         plans: list[_Plan] = []
         privileged = ""
         skipped: list[tuple[str, str]] = []
-        for kind in VGPU_CONTAINER_LISTS:
-            listed = spec.get(kind)
-            if not isinstance(listed, list):
-                continue
-            for container in listed:
-                if not isinstance(container, dict):
+        for kind, index, container in iter_containers(pod, VGPU_CONTAINER_LISTS):
+            plan = _Plan(kind, index, container)
+            if _is_privileged(container):
+                privileged = privileged or str(container.get("name", "?"))
+                if not self.config.denyPrivileged:
+                    # HAMi before the fix: a privileged container is not looked at at all.
+                    if self._device_resources(container):
+                        skipped.append((plan.where, _short_name(container)))
                     continue
-                plan = _Plan(kind, container)
-                if _is_privileged(container):
-                    privileged = privileged or str(container.get("name", "?"))
-                    if not self.config.denyPrivileged:
-                        # HAMi before the fix: a privileged container is not looked at at all.
-                        if self._device_resources(container):
-                            skipped.append((plan.where, _short_name(container)))
-                        continue
-                self._plan_container(plan)
-                plans.append(plan)
+            self._plan_container(plan)
+            plans.append(plan)
         return plans, privileged, skipped
 
     def _device_resources(self, container: dict[str, Any]) -> list[str]:
         """The resources making a vGPU Pod that the container asks for (priority is not one)."""
-        asked = _asked(container)
+        asked = asked_resources(container)
         return [
             name
             for device in self.devices
@@ -277,7 +423,7 @@ class Vgpu:
 
     def _plan_container(self, plan: _Plan) -> None:
         container = plan.container
-        asked = _asked(container)
+        asked = asked_resources(container)
         for device in self.devices:
             mine = [name for name in device.resources if name in asked]
             if not mine:
@@ -311,7 +457,7 @@ class Vgpu:
         accepted = "a whole number from 0 to 100" if percentage else "a whole number (0 or more)"
         short = "a whole number 0-100" if percentage else "a whole number >= 0"
         result: int | None = None
-        for _, section in _sections(plan.container):
+        for _, section in resource_sections(plan.container):
             if name not in section:
                 continue
             raw = section[name]
@@ -334,10 +480,10 @@ class Vgpu:
         for plan in plans:
             container = plan.container
             for count in plan.add_counts:
-                _set_in_limits_and_requests(container, count, str(self.config.defaultCount))
+                set_resource(container, count, str(self.config.defaultCount))
                 done.append(f"{count}: {self.config.defaultCount} added to {plan.where}")
             for cores in plan.add_cores:
-                _set_in_limits_and_requests(container, cores, str(EXCLUSIVE_CORES))
+                set_resource(container, cores, str(EXCLUSIVE_CORES))
                 done.append(
                     f"{cores}: {EXCLUSIVE_CORES} added to {plan.where} (whole GPU: exclusive compute)"
                 )
@@ -363,18 +509,48 @@ class Vgpu:
         return done
 
 
-def _set_in_limits_and_requests(container: dict[str, Any], name: str, value: str) -> None:
-    """Both sections: the apiserver wants an extended resource's request equal to its limit (and
-    has already copied limits into requests before the webhook sees the Pod)."""
-    resources = container.setdefault("resources", {})
-    for section_name in ("limits", "requests"):
-        section = resources.get(section_name)
-        if not isinstance(section, dict):
-            section = resources[section_name] = {}
-        section[name] = value
-
-
 def _env_value(entry: dict[str, Any]) -> str:
     if "valueFrom" in entry:
         return "valueFrom"
     return shown(entry.get("value", ""))
+
+
+def _build(config: VgpuConfig, settings: Settings, neighbours: Neighbours) -> Vgpu:
+    return Vgpu(config, settings.invalid_annotations, neighbours.renamed())
+
+
+def _claims(config: VgpuConfig) -> Claims:
+    owned: list[OwnedResource] = []
+    keys = (
+        "countResource",
+        "memoryResource",
+        "memoryPercentageResource",
+        "coresResource",
+        "priorityResource",
+    )
+    for index, device in enumerate(config.devices):
+        for key in keys:
+            name = getattr(device, key)
+            if name is None:
+                continue
+            owned.append(
+                OwnedResource(
+                    name,
+                    f"vgpu.devices[{index}].{key} ({device.vendor})",
+                    is_count=key == "countResource",
+                    # The priority only becomes an env var, which a sliced Pod can carry as well.
+                    needs_count=device.countResource if name in device.count_qualifiers else None,
+                )
+            )
+    return Claims(owns=tuple(owned))
+
+
+PLUGIN = MutatorPlugin(
+    name=Vgpu.name,
+    # After GPU slicing: an opted-in Pod is sliced first, and is then no vGPU Pod.
+    order=200,
+    config_key="vgpu",
+    config_model=VgpuConfig,
+    build=_build,
+    claims=_claims,
+)

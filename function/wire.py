@@ -1,19 +1,23 @@
-"""The AdmissionReview envelope: typed parsing of what the apiserver sends, named reply constructors.
+"""The AdmissionReview wire format, in one place: what the apiserver sends, and what it gets back.
 
-The envelope is typed with pydantic and rejects unknown fields; the Pod inside ``request.object``
-is deliberately left a raw dict (a typed Pod model would drop fields it does not know, and a
-patch built from it would remove them from the user's Pod).
+The request envelope is typed with pydantic and rejects unknown fields; the Pod inside
+``request.object`` is deliberately left a raw dict (a typed Pod model would drop fields it does
+not know, and a patch built from it would remove them from the user's Pod). The reply is a typed
+``AdmissionResponse`` built by named constructors (controller-runtime's style: ``allowed``,
+``patched``, ``denied``), serialized only by ``AdmissionResponse.review``.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from function.patch import Operation
+from function.pod import cap_warning
 
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -151,13 +155,45 @@ def parse_review(body: bytes) -> AdmissionReview:
     return review
 
 
-# -- Response constructors (controller-runtime style: one name per kind of answer) --------------
+# -- The reply ---------------------------------------------------------------------------------
 
 
-def allowed(uid: str, warnings: tuple[str, ...] = (), audit: dict[str, str] | None = None) -> dict[str, Any]:
-    response: dict[str, Any] = {"uid": uid, "allowed": True}
-    _decorate(response, warnings, audit)
-    return response
+@dataclass(frozen=True)
+class AdmissionResponse:
+    """admission.k8s.io AdmissionResponse, as CastSlice sends it. Build it with ``allowed``,
+    ``patched`` or ``denied``; ``review(api_version)`` is the only serialization."""
+
+    uid: str
+    allowed: bool
+    patch: tuple[Operation, ...] = ()
+    denial: str | None = None
+    """The 403 status message a denied user reads."""
+    warnings: tuple[str, ...] = ()
+    audit_annotations: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        response: dict[str, Any] = {"uid": self.uid, "allowed": self.allowed}
+        if self.patch:
+            encoded = json.dumps(list(self.patch), separators=(",", ":")).encode()
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(encoded).decode()
+        if not self.allowed:
+            response["status"] = {"code": 403, "reason": "Forbidden", "message": self.denial or ""}
+        if self.warnings:
+            response["warnings"] = [cap_warning(w) for w in self.warnings]
+        if self.audit_annotations:
+            response["auditAnnotations"] = dict(self.audit_annotations)
+        return response
+
+    def review(self, api_version: str) -> dict[str, Any]:
+        """The AdmissionReview envelope around this response, in the version the request came in."""
+        return {"apiVersion": api_version, "kind": "AdmissionReview", "response": self.as_dict()}
+
+
+def allowed(
+    uid: str, warnings: tuple[str, ...] = (), audit: dict[str, str] | None = None
+) -> AdmissionResponse:
+    return AdmissionResponse(uid, True, warnings=warnings, audit_annotations=dict(audit or {}))
 
 
 def patched(
@@ -165,32 +201,13 @@ def patched(
     patch: list[Operation] | tuple[Operation, ...],
     warnings: tuple[str, ...] = (),
     audit: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    encoded = base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode()
-    response: dict[str, Any] = {"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": encoded}
-    _decorate(response, warnings, audit)
-    return response
+) -> AdmissionResponse:
+    return AdmissionResponse(uid, True, tuple(patch), warnings=warnings, audit_annotations=dict(audit or {}))
 
 
 def denied(
     uid: str, message: str, warnings: tuple[str, ...] = (), audit: dict[str, str] | None = None
-) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "uid": uid,
-        "allowed": False,
-        "status": {"code": 403, "reason": "Forbidden", "message": message},
-    }
-    _decorate(response, warnings, audit)
-    return response
-
-
-def _decorate(response: dict[str, Any], warnings: tuple[str, ...], audit: dict[str, str] | None) -> None:
-    if warnings:
-        response["warnings"] = [w[:120] for w in warnings]
-    if audit:
-        response["auditAnnotations"] = audit
-
-
-def reply(api_version: str, response: dict[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview envelope around a response, in the version the request came in."""
-    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}
+) -> AdmissionResponse:
+    return AdmissionResponse(
+        uid, False, denial=message, warnings=warnings, audit_annotations=dict(audit or {})
+    )
