@@ -50,13 +50,18 @@ def whole_gpu_cores(device: DeviceResources, values: Mapping[str, int], added_co
     ``added_count``: the count this pass adds to it (0 when none is added).
     """
     cores = device.coresResource
-    if cores is None or cores in values:
-        return None
+    if _asked(values, cores) is not None:
+        return None  # the Pod chose its share of the compute itself
     count = values.get(device.countResource, added_count)
     if count <= 0:
         return None
-    percentage = device.memoryPercentageResource
-    if percentage is not None and percentage in values:
-        return cores if values[percentage] == 100 else None
-    memory = device.memoryResource
-    return cores if memory is None or memory not in values else None
+    percentage = _asked(values, device.memoryPercentageResource)
+    if percentage is not None:
+        return cores if percentage == 100 else None
+    return cores if _asked(values, device.memoryResource) is None else None
+
+
+def _asked(values: Mapping[str, int], name: str | None) -> int | None:
+    """What the container asks for of ``name``; None when it does not, or the device has no such
+    resource (``name`` None)."""
+    return next((value for asked, value in values.items() if asked == name), None)
