@@ -14,15 +14,20 @@ Semantics of HAMi's current webhook (``pkg/scheduler/webhook.go``, ``pkg/device/
   ``NVIDIA_VISIBLE_DEVICES=none``;
 - a vGPU Pod with a privileged container is denied, naming the container (``denyPrivileged: false``
   restores HAMi's old behaviour: privileged containers are skipped, with a warning here);
+- a container taking whole GPUs (the count, no memory size, no cores, no memory percentage below
+  100) gets the device's cores resource at 100, so the vGPU scheduler books the compute as
+  exclusive (HAMi PR #1354; the rule is in exclusive_cores.py), per device entry
+  (``defaultExclusiveCores``, on for NVIDIA as in HAMi);
 - a vGPU Pod with ``spec.nodeName`` is denied; otherwise its schedulerName becomes the vGPU scheduler.
 
 Where CastSlice differs from HAMi, deliberately: values are checked (whole numbers; the memory
 percentage and the cores from 0 to 100, where HAMi clamps cores over 100) under the
 ``invalidAnnotations`` policy instead of reaching the scheduler; the default count goes into
-requests and limits alike (the apiserver wants them equal); nothing is appended twice (HAMi appends
-env vars blindly, its webhook is never reinvoked; ours can be); memory, percentage or cores make a
-vGPU Pod even with ``defaultCount: 0``; HAMi's namespace quota check and
-runtimeClassName/core-policy injection need cluster state or belong to its device plugin: not here.
+requests and limits alike (the apiserver wants them equal), and so do the exclusive cores; a count
+of 0 gets no cores; nothing is appended twice (HAMi appends env vars blindly, its webhook is never
+reinvoked; ours can be); memory, percentage or cores make a vGPU Pod even with ``defaultCount: 0``;
+HAMi's namespace quota check and runtimeClassName/core-policy injection need cluster state or belong
+to its device plugin: not here. The full list, with reasons: docs/vgpu.md.
 """
 
 from __future__ import annotations
