@@ -14,10 +14,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
+from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
 from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, LARGE_REVIEWS_ENV, OUTCOMES
 from function.engine import Engine
 from function.manifests import ObjectResult, mutate_chunk
+from function.watch import watches_for
 from function.yamldoc import DocumentError, load_documents
 
 FUNC_SOURCE = Path(__file__).with_name("func.py")
@@ -151,13 +153,26 @@ def _stream(sources: list[list[str]]) -> Iterator[str]:
                 previous = piece
 
 
+def _cluster_from(path: str | None, config: Config) -> ClusterView:
+    """The cluster state a decision may read offline: what ``kubectl get pods,replicasets -A -o
+    yaml`` printed, read as the webhook's watches would keep it. None: no state (EMPTY_VIEW)."""
+    if path is None:
+        return EMPTY_VIEW
+    return load_state(path, watches_for(config) or (PODS, REPLICASETS))
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     try:
-        engine = Engine(_config_from(args.config))
+        config = _config_from(args.config)
+        engine = Engine(config)
         sources = _manifest_sources(args.filename, args.recursive)
         loaded = [(label, load_documents(text, label)) for label, text in sources]
+        cluster = _cluster_from(args.cluster, config)
     except ConfigError as error:
         print(error, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except StateFileError as error:
+        print(f"castslice mutate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as error:
         print(f"castslice mutate: cannot read {args.filename}: {error.strerror}", file=sys.stderr)
@@ -172,7 +187,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     for label, chunks in loaded:
         pieces = []
         for index, chunk in enumerate(chunks):
-            objects, text = mutate_chunk(engine, chunk, label, index, args.namespace)
+            objects, text = mutate_chunk(engine, chunk, label, index, args.namespace, cluster)
             results.extend(objects)
             pieces.append(text)
         texts.append(pieces)
@@ -380,6 +395,9 @@ def parser() -> argparse.ArgumentParser:
     mutate.add_argument("--config", help=CONFIG_HELP)
     mutate.add_argument("-n", "--namespace", default="default",
                         help="namespace of objects that name none (default: default)")
+    mutate.add_argument("--cluster", metavar="STATE.yaml",
+                        help="cluster state for mutators that need it (spot's partial split): what "
+                        "kubectl get pods,replicasets -A -o yaml prints (default: none)")
     mutate.set_defaults(run=cmd_mutate)
 
     config = sub.add_parser("config", help="check or show the configuration")

@@ -21,6 +21,7 @@ from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.mutators.registry import Neighbours, Settings
 from function.patch import Operation, PatchProofError, copy_json, diff, prove, quick_diff
+from function.placement import scheduling_violations
 from function.pod import Pod, cap_warning, labels_of
 from function.rules import introduced_violations
 
@@ -217,6 +218,11 @@ class Engine:
         except PatchProofError as error:
             return str(error)
         introduced = introduced_violations(original, intended)
+        # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
+        # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
+        placement = scheduling_violations(intended)
+        if placement:  # the original is walked only when the result has a violation at all
+            introduced |= placement - scheduling_violations(original)
         if introduced:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None

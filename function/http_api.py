@@ -53,6 +53,8 @@ class WebhookHttp:
         self.admission = admission
         self.ready = ready
         self.metrics = metrics
+        self.watcher: Any = None
+        """The cluster view's ClusterWatcher when an enabled mutator needs one (its owner stops it)."""
 
     def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
         """``body`` is None when the transport found it larger than MAX_BODY_BYTES. Never raises:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from function.cluster import EMPTY_VIEW, ClusterView
 from function.discovery import (
     Path,
     PodSite,
@@ -99,7 +100,12 @@ def describe_name(document: dict[str, Any]) -> str:
 
 
 def _judge(
-    engine: Engine, obj: Any, prefix: Path, result: ObjectResult, operations: list[tuple[str, Path, Any]]
+    engine: Engine,
+    obj: Any,
+    prefix: Path,
+    result: ObjectResult,
+    operations: list[tuple[str, Path, Any]],
+    cluster: ClusterView = EMPTY_VIEW,
 ) -> None:
     plain = to_plain(obj)
     sites = find_pods(plain)
@@ -117,7 +123,11 @@ def _judge(
     judged = []
     for site in sites:
         request = RequestContext(
-            uid=f"offline-{result.index}", namespace=result.namespace, operation="CREATE", dry_run=True
+            uid=f"offline-{result.index}",
+            namespace=result.namespace,
+            operation="CREATE",
+            dry_run=True,
+            cluster=cluster,
         )
         decision = engine.decide(site.pod(plain), request)
         label = dotted((*prefix, *site.path))
@@ -143,9 +153,17 @@ def _judge(
 
 
 def mutate_chunk(
-    engine: Engine, chunk: Chunk, source: str, index: int, default_namespace: str
+    engine: Engine,
+    chunk: Chunk,
+    source: str,
+    index: int,
+    default_namespace: str,
+    cluster: ClusterView = EMPTY_VIEW,
 ) -> tuple[list[ObjectResult], str]:
-    """The objects of one document with their decisions, and the document's output text."""
+    """The objects of one document with their decisions, and the document's output text.
+
+    ``cluster``: the state from ``--cluster STATE.yaml``; EMPTY_VIEW (none) makes a mutator that
+    needs the cluster say so instead of guessing."""
     if chunk.empty:
         return [], chunk.text
     tree = chunk.tree
@@ -166,7 +184,7 @@ def mutate_chunk(
         metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         namespace = _text((metadata or {}).get("namespace")) or default_namespace
         result = ObjectResult(source, index, item, str(obj.get("kind", "?")), describe_name(obj), namespace)
-        _judge(engine, obj, prefix, result, operations)
+        _judge(engine, obj, prefix, result, operations, cluster)
         results.append(result)
     if operations:
         apply_operations(tree, operations)

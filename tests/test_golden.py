@@ -35,6 +35,8 @@ def _args(case_dir: Path, spec: dict[str, object]) -> list[str]:
     args = ["mutate", "-f", "-" if spec.get("stdin") else str(_input(case_dir))]
     if (case_dir / "config.yaml").exists():
         args += ["--config", str(case_dir / "config.yaml")]
+    if (case_dir / "cluster.yaml").exists():  # cluster state, as `kubectl get ... -o yaml` prints it
+        args += ["--cluster", str(case_dir / "cluster.yaml")]
     extra = spec.get("args") or []
     assert isinstance(extra, list)
     return args + [str(a) for a in extra]
@@ -74,6 +76,8 @@ def test_golden_output_is_a_fixed_point() -> None:
         args = ["mutate", "-f", str(case_dir / "expected.out"), "-o", "patch"]
         if (case_dir / "config.yaml").exists():
             args += ["--config", str(case_dir / "config.yaml")]
+        if (case_dir / "cluster.yaml").exists():
+            args += ["--cluster", str(case_dir / "cluster.yaml")]
         out = io.StringIO()
         err = io.StringIO()
         with pytest.MonkeyPatch.context() as mp:

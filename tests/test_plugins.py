@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from function.cluster import EMPTY_VIEW, StaticView
+from function.cluster import EMPTY_VIEW, Owner, PodRecord, StaticView
 from function.config import Config, ConfigError, parse_config
 from function.configtypes import MutatorConfig
 from function.engine import Engine, build_mutators
@@ -41,7 +41,7 @@ OPTED_IN_GPU_POD: dict[str, Any] = {
 
 # -- the registry ----------------------------------------------------------------------------------
 def test_plugins_are_ordered_and_each_has_its_own_config_section() -> None:
-    assert [p.name for p in PLUGINS] == ["gpu-slicing", "vgpu"]
+    assert [p.name for p in PLUGINS] == ["gpu-slicing", "vgpu", "spot"]
     assert [p.order for p in PLUGINS] == sorted(p.order for p in PLUGINS)
     config = Config()
     for plugin in PLUGINS:
@@ -188,12 +188,14 @@ def test_build_mutators_splits_by_mode() -> None:
 # -- the request context carries one cluster snapshot ----------------------------------------------------
 def test_request_context_defaults_to_no_cluster_view() -> None:
     assert RequestContext().cluster is EMPTY_VIEW
-    assert not EMPTY_VIEW.available and EMPTY_VIEW.index("pods") == {} and not EMPTY_VIEW.synced("pods")
-    view = StaticView({"pods": {"u1": ("rs-1", "spot")}})
+    assert not EMPTY_VIEW.available and len(EMPTY_VIEW.index("pods")) == 0 and not EMPTY_VIEW.synced("pods")
+    # issue-spot's StaticView: records with a uid, grouped as the spec says (merged on issue-place)
+    record = PodRecord("ns", "p1", "u1", Owner("rs-1", "ReplicaSet", "rs"), "spot", False)
+    view = StaticView({"pods": [record]})
     assert view.available and view.synced("pods") and not view.synced("replicasets")
-    assert view.index("pods")["u1"] == ("rs-1", "spot")
+    assert view.index("pods")["u1"] == record
     with pytest.raises(TypeError):
-        view.index("pods")["u2"] = ("x", "y")  # type: ignore[index]
+        view.index("pods")["u2"] = record  # type: ignore[index]
 
 
 # -- the typed response ----------------------------------------------------------------------------------

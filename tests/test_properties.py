@@ -37,6 +37,11 @@ CONFIGS = {
             "vgpu": {"enabled": True, "denyPrivileged": False, "overwriteEnv": True},
         }
     ),
+    # Spot placement beside slicing, every namespace placed (kube-system on-demand); no cluster view
+    # here, so partial spot would be the hash split: spot's own property test covers the split.
+    "spot": parse_config(
+        {"excludedNamespaces": [], "spot": {"enabled": True, "preset": "allSpotExceptKubeSystem"}}
+    ),
     "vgpu-only": parse_config(
         {"gpuSlicing": {"enabled": False}, "vgpu": {"enabled": True, "forceSchedulerName": True}}
     ),
@@ -102,6 +107,7 @@ annotation_values = {
     "castops.io/workload-type": st.sampled_from(
         ["training", "inference", "batch", "dev", "a", "simulation", ""]
     ),
+    "scheduling.cast.ai/lifecycle": st.sampled_from(["spot", "on-demand", "x"]),
 }
 
 
@@ -129,6 +135,11 @@ def pods(draw: Any) -> dict[str, Any]:
         "annotations": annotations,
         "labels": labels,
     }
+    owner_kind = draw(st.sampled_from([None, "ReplicaSet", "DaemonSet"]))
+    if owner_kind:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": owner_kind, "name": "o", "uid": "owner-1", "controller": True}
+        ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
@@ -201,3 +212,180 @@ def test_any_pod_gets_a_valid_reply_whose_patch_applies_obeys_the_rules_and_is_i
     again = json.loads(webhook.handle("POST", "/mutate", review_for(mutated, namespace, version)).body)
     assert again["response"]["allowed"] is True
     assert "patch" not in again["response"], base64.b64decode(again["response"]["patch"])
+
+
+# --- spot placement ---------------------------------------------------------------------------------
+# For generated siblings, percentages, annotations and Pod shapes: a spot decision never takes the
+# controller above floor(n x p / 100), the patch applies and breaks no scheduling rule, and a second
+# pass gives no operations.
+
+SPOT_ANNOTATIONS = {
+    "scheduling.cast.ai/lifecycle": st.sampled_from(["spot", "on-demand", "Spot", ""]),
+    "scheduling.cast.ai/spot-percentage": st.sampled_from(["1", "40", "99", "100", "0", "x"]),
+    "controller.kubernetes.io/pod-deletion-cost": st.sampled_from(["5"]),
+}
+SPOT_KEYS = ["scheduling.cast.ai/spot", "karpenter.sh/capacity-type", "zone"]
+requirement = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(SPOT_KEYS),
+        "operator": st.sampled_from(["In", "NotIn"]),
+        "values": st.just(["spot"]),
+    }
+) | st.fixed_dictionaries({"key": st.sampled_from(SPOT_KEYS), "operator": st.just("Exists")})
+node_affinity = st.fixed_dictionaries(
+    {},
+    optional={
+        "requiredDuringSchedulingIgnoredDuringExecution": st.fixed_dictionaries(
+            {
+                "nodeSelectorTerms": st.lists(
+                    st.fixed_dictionaries(
+                        {}, optional={"matchExpressions": st.lists(requirement, max_size=2)}
+                    ),
+                    min_size=1,
+                    max_size=3,
+                )
+            }
+        ),
+        "preferredDuringSchedulingIgnoredDuringExecution": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "weight": st.integers(1, 100),
+                    "preference": st.fixed_dictionaries(
+                        {"matchExpressions": st.lists(requirement, max_size=2)}
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+    },
+)
+toleration = st.sampled_from(
+    [
+        {"key": "scheduling.cast.ai/spot", "operator": "Exists"},
+        {"key": "scheduling.cast.ai/spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+        {"key": "karpenter.sh/capacity-type", "operator": "Exists"},
+        {"operator": "Exists"},
+        {"key": "other", "operator": "Exists", "effect": "NoExecute"},
+    ]
+)
+
+
+@st.composite
+def spot_pods(draw: Any) -> dict[str, Any]:
+    annotations = {
+        key: draw(values) for key, values in SPOT_ANNOTATIONS.items() if draw(st.integers(0, 2)) == 0
+    }
+    kind = draw(st.sampled_from(["ReplicaSet", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", None]))
+    metadata: dict[str, Any] = {"generateName": "p-", "namespace": "ns"}
+    if kind:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "owner", "controller": True}
+        ]
+    if annotations or draw(st.booleans()):
+        metadata["annotations"] = annotations
+    elif draw(st.integers(0, 9)) == 0:
+        metadata["annotations"] = None  # null, as some clients send it
+    labels = draw(st.sampled_from([None, {}, {"app": "web"}, {"castops.io/placement": "spot"}, "junk"]))
+    if labels is not None:
+        metadata["labels"] = labels
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
+    if draw(st.booleans()):
+        spec["tolerations"] = draw(st.lists(toleration, max_size=3))
+    if draw(st.booleans()):
+        spec["nodeSelector"] = draw(
+            st.sampled_from(
+                [
+                    {},
+                    {"zone": "a"},
+                    {"scheduling.cast.ai/spot": "true"},
+                    {"karpenter.sh/capacity-type": "spot"},
+                ]
+            )
+        )
+    if draw(st.booleans()):
+        spec["affinity"] = {"nodeAffinity": draw(node_affinity)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+@settings(
+    max_examples=int(os.environ.get("CASTSLICE_PROPERTY_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    pod=spot_pods(),
+    scheme=st.sampled_from(["castai", "karpenter", "gke", "eks", "aks"]),
+    percentage=st.integers(0, 100),
+    default_to_spot=st.booleans(),
+    spot=st.integers(0, 12),
+    on_demand=st.integers(0, 12),
+    unplaced=st.integers(0, 3),
+    terminating=st.integers(0, 3),
+    pending=st.lists(st.sampled_from(["spot", "on-demand"]), max_size=4),
+    view=st.sampled_from(["synced", "missing", "unsynced"]),
+    deny=st.booleans(),
+)
+def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_empty(
+    pod: dict[str, Any],
+    scheme: str,
+    percentage: int,
+    default_to_spot: bool,
+    spot: int,
+    on_demand: int,
+    unplaced: int,
+    terminating: int,
+    pending: list[str],
+    view: str,
+    deny: bool,
+) -> None:
+    from function.mutators.spot import LedgerEntry, Spot, SpotConfig
+    from function.patch import copy_json, diff, prove
+    from function.placement import placement_of, scheduling_violations
+    from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
+
+    config = SpotConfig(
+        enabled=True, labelScheme=scheme, spotPercentageOfReplicaSet=percentage, defaultToSpot=default_to_spot
+    )
+    mutator = Spot(config, deny, "castslice-system")
+    ledger = tuple(
+        LedgerEntry(f"pending-{i}", "spot" if p == "spot" else "on-demand") for i, p in enumerate(pending)
+    )
+    synced = view_with(
+        siblings(spot, on_demand, unplaced, terminating, owner_uid="owner"), ledger, owner_uid="owner"
+    )
+    cluster = {
+        "synced": synced,
+        "missing": NO_VIEW,
+        "unsynced": view_with(siblings(spot, on_demand), ledger, owner_uid="owner", pods_synced=False),
+    }
+    ctx = Ctx(uid="req-0", namespace="ns", cluster=cluster[view])
+
+    working = copy_json(pod)
+    result = mutator.mutate(working, ctx)
+    changed = working != pod
+    assert changed == (result.action.value == "mutated"), result
+    if result.action.value == "denied":
+        assert not changed
+        return
+
+    # The floor: a percentage decision from a synced view never takes spot above floor(n x p / 100).
+    placed = placement_of(working)
+    annotated = (pod["metadata"].get("annotations") or {}).get("scheduling.cast.ai/spot-percentage")
+    if view == "synced" and placed == "spot" and "spotPercentageOfReplicaSet" in result.reason:
+        spot_now = spot + pending.count("spot") + 1
+        n = spot + on_demand + unplaced + len(pending) + 1
+        assert spot_now <= n * percentage // 100
+    if view == "synced" and placed == "spot" and annotated and "spot-percentage=" in result.reason:
+        n = spot + on_demand + unplaced + len(pending) + 1
+        assert spot + pending.count("spot") + 1 <= n * int(annotated) // 100
+
+    if changed:
+        operations = diff(pod, working)
+        prove(pod, operations, working)
+        assert jsonpatch.JsonPatch(operations).apply(pod, in_place=False) == working
+        assert not scheduling_violations(working) - scheduling_violations(pod)
+
+    # Reinvocation, with whatever the view shows by then: no operations.
+    again = copy_json(working)
+    second = mutator.mutate(again, Ctx(uid="req-0", namespace="ns", cluster=NO_VIEW))
+    assert again == working and second.action.value != "mutated"

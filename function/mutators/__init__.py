@@ -6,9 +6,9 @@ plug-in, keyed by its ``config_key``.
 
 from __future__ import annotations
 
-from function.mutators import gpu_slicing, vgpu
+from function.mutators import gpu_slicing, spot, vgpu
 from function.mutators.registry import MutatorPlugin
 
 PLUGINS: tuple[MutatorPlugin, ...] = tuple(
-    sorted((gpu_slicing.PLUGIN, vgpu.PLUGIN), key=lambda plugin: plugin.order)
+    sorted((gpu_slicing.PLUGIN, vgpu.PLUGIN, spot.PLUGIN), key=lambda plugin: plugin.order)
 )

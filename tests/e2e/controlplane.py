@@ -1,26 +1,37 @@
-"""A throwaway Kubernetes control plane (etcd + kube-apiserver +
-kube-controller-manager) for end-to-end tests.
+"""A throwaway Kubernetes cluster for end-to-end tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok, which plays the kubelets of
+a small fleet of fake Nodes, so the real scheduler places Pods and they turn
+Running.
 
 Conventions follow controller-runtime's envtest:
 
 * binaries are looked up in ``$KUBEBUILDER_ASSETS``, then on ``PATH``
-  (``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER`` and
-  ``TEST_ASSET_KUBE_CONTROLLER_MANAGER`` override single binaries);
-  ``.ci/provision-k8s`` builds and caches them:
-  ``export KUBEBUILDER_ASSETS="$(.ci/provision-k8s)"``;
+  (``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER``,
+  ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``, ``TEST_ASSET_KUBE_SCHEDULER`` and
+  ``TEST_ASSET_KWOK`` override single binaries); ``.ci/provision-k8s`` builds
+  and caches them: ``export KUBEBUILDER_ASSETS="$(.ci/provision-k8s)"``;
 * without binaries the ``control_plane`` fixture skips, unless
   ``CASTSLICE_E2E_REQUIRED=1`` (CI), where it fails;
-* there are no nodes: Pods stay Pending, tests look at what the apiserver
-  stores (and at what the controller manager creates, e.g. a Deployment's
-  ReplicaSet and Pods).
+* the fleet (``FLEET``, ``ControlPlane.nodes``): on-demand CPU Nodes, CAST AI
+  spot Nodes (label ``scheduling.cast.ai/spot: "true"`` and a NoSchedule taint
+  on that key) and GPU Nodes whose GPUs are shared by time-slicing: they
+  advertise ``nvidia.com/gpu-shared`` and no whole ``nvidia.com/gpu`` (0), as
+  a device plugin that renames its shared replicas does. A Pod asking for
+  whole GPUs therefore never schedules; a sliced one does.
+* kwok's Stages (``kwok-stages.yaml``) make a managed Node Ready and a Pod bound
+  to one Running at once; a deleted Pod goes away.
 
-Other knobs: ``CASTSLICE_E2E_START_TIMEOUT`` (seconds, default 90) and
+Every child runs in its own process group, gets SIGKILL if pytest dies
+(PR_SET_PDEATHSIG), and is stopped by group at the end of the session.
+
+Other knobs: ``CASTSLICE_E2E_START_TIMEOUT`` (seconds, default 120) and
 ``CASTSLICE_E2E_KEEP=1`` (keep the work dir with certificates and process
 logs after the session, its path is printed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import json
@@ -51,12 +62,98 @@ BINARIES = {
     "etcd": "TEST_ASSET_ETCD",
     "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
     "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+    "kube-scheduler": "TEST_ASSET_KUBE_SCHEDULER",
+    "kwok": "TEST_ASSET_KWOK",
 }
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "castslice-e2e-admin"
 LOG_TAIL_LINES = 40
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+# Pod and Node addresses kwok writes into status: loopback, so that nothing
+# ever tries to reach a made-up address off this machine.
+KWOK_NODE_IP = "127.0.0.1"
+KWOK_POD_CIDR = "127.64.0.1/16"
+
+# -- the fake fleet ------------------------------------------------------------------------------
+SPOT_KEY = "scheduling.cast.ai/spot"
+GPU = "nvidia.com/gpu"
+GPU_SHARED = "nvidia.com/gpu-shared"
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+NODE_KIND_LABEL = "castslice.test/node-kind"
+
+ON_DEMAND = "on-demand"
+SPOT = "spot"
+GPU_NODE = "gpu"
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    """One Node of the fleet: ``kind`` is ``on-demand``, ``spot`` or ``gpu``."""
+
+    name: str
+    kind: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[dict[str, str], ...] = ()
+    capacity: dict[str, str] = field(default_factory=dict)
+
+
+_CPU = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+FLEET: tuple[FakeNode, ...] = (
+    FakeNode("on-demand-1", ON_DEMAND, capacity=_CPU),
+    FakeNode("on-demand-2", ON_DEMAND, capacity=_CPU),
+    FakeNode(
+        "spot-1",
+        SPOT,
+        labels={SPOT_KEY: "true"},
+        taints=({"key": SPOT_KEY, "value": "true", "effect": "NoSchedule"},),
+        capacity=_CPU,
+    ),
+    FakeNode(
+        "spot-2",
+        SPOT,
+        labels={SPOT_KEY: "true"},
+        taints=({"key": SPOT_KEY, "value": "true", "effect": "NoSchedule"},),
+        capacity=_CPU,
+    ),
+    # 8 GPUs each, time-sliced 8 ways: 64 shared replicas, no whole GPU left to hand out.
+    FakeNode(
+        "gpu-1",
+        GPU_NODE,
+        labels={"nvidia.com/gpu.present": "true"},
+        capacity={"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "0", GPU_SHARED: "64"},
+    ),
+    FakeNode(
+        "gpu-2",
+        GPU_NODE,
+        labels={"nvidia.com/gpu.present": "true"},
+        capacity={"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "0", GPU_SHARED: "64"},
+    ),
+)
+
+
+def node_manifest(node: FakeNode) -> dict[str, Any]:
+    """The Node object kwok will manage (it keeps the capacity given here)."""
+    key, value = KWOK_NODE_ANNOTATION
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "annotations": {key: value},
+            "labels": {
+                "kubernetes.io/hostname": node.name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                NODE_KIND_LABEL: node.kind,
+                **node.labels,
+            },
+        },
+        "spec": {"taints": [dict(t) for t in node.taints]},
+        "status": {"capacity": dict(node.capacity), "allocatable": dict(node.capacity)},
+    }
 
 
 class ControlPlaneError(RuntimeError):
@@ -309,8 +406,8 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _pdeathsig_setter() -> Callable[[], None] | None:
-    """A preexec_fn making the child get SIGTERM when the test process dies
+def _pdeathsig_setter(sig: signal.Signals) -> Callable[[], None] | None:
+    """A preexec_fn making the child get ``sig`` when the test process dies
     (Linux prctl(PR_SET_PDEATHSIG)), so a killed pytest leaves no apiserver
     behind. Resolved in the parent: the child only calls into libc."""
     try:
@@ -320,12 +417,35 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def setter() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        prctl(pr_set_pdeathsig, sig)
 
     return setter
 
 
-_PREEXEC = _pdeathsig_setter()
+# SIGTERM for servers that stop their own children (gunicorn and its workers); SIGKILL for the
+# cluster: on SIGTERM all at once, kube-apiserver's graceful shutdown waits for the etcd that
+# just went away and never ends. Nothing of a throwaway cluster needs a graceful end.
+PREEXEC = _pdeathsig_setter(signal.SIGTERM)
+PREEXEC_KILL = _pdeathsig_setter(signal.SIGKILL)
+
+
+def kill_group(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stop a child started with ``start_new_session=True`` and everything in
+    its process group: SIGTERM, then SIGKILL after ``timeout``."""
+
+    def signal_group(sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, sig)
+
+    if popen.poll() is None:
+        signal_group(signal.SIGTERM)
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            signal_group(signal.SIGKILL)
+            popen.wait(timeout)
+    # Whatever the leader left behind in its group (helpers, workers).
+    signal_group(signal.SIGKILL)
 
 
 @dataclass
@@ -333,6 +453,7 @@ class _Process:
     name: str
     args: list[str]
     log: Path
+    env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -342,22 +463,17 @@ class _Process:
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
+                env=self.env,
                 start_new_session=True,
-                preexec_fn=_PREEXEC,
+                preexec_fn=PREEXEC_KILL,
             )
 
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout)
+        if self.popen is not None:
+            kill_group(self.popen, timeout)
 
     def describe_failure(self, what: str) -> str:
         rc = self.exited()
@@ -387,6 +503,7 @@ class ControlPlane:
     etcd_url        http://127.0.0.1:<port> of etcd
     workdir         temp dir with certificates, kubeconfigs and logs/*.log
     binaries        paths of the binaries used
+    nodes           the fake fleet (``FLEET``), Ready when the fixture yields
     """
 
     host: str
@@ -399,6 +516,7 @@ class ControlPlane:
     workdir: Path
     binaries: dict[str, Path]
     _certs: _CertFactory = field(repr=False)
+    nodes: tuple[FakeNode, ...] = FLEET
     _processes: list[_Process] = field(repr=False, default_factory=list)
     _dirs: list[Path] = field(repr=False, default_factory=list)
 
@@ -406,6 +524,19 @@ class ControlPlane:
     def logs(self) -> dict[str, Path]:
         return {p.name: p.log for p in self._processes}
 
+    # -- the fleet
+    def node_names(self, kind: str) -> list[str]:
+        """Names of the fleet's Nodes of one kind (``on-demand``, ``spot``, ``gpu``)."""
+        names = [n.name for n in self.nodes if n.kind == kind]
+        if not names:
+            raise ValueError(f"no {kind!r} nodes in the fleet")
+        return names
+
+    def node_kind(self, name: str | None) -> str | None:
+        """The kind of the fleet Node called ``name`` (None for no or an unknown Node)."""
+        return next((n.kind for n in self.nodes if n.name == name), None)
+
+    # -- clients
     def api_client(self) -> Any:
         """A new ``kubernetes.client.ApiClient`` authenticated as admin."""
         from kubernetes import client
@@ -455,31 +586,91 @@ class ControlPlane:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    def get_json(self, path: str) -> dict[str, Any]:
+        """GET ``path`` as JSON; raises on anything but 200."""
+        status, body = self.get(path)
+        if status != 200:
+            raise ControlPlaneError(f"GET {path}: HTTP {status}: {body[:500]!r}")
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    # -- waiting
     def wait_for_service_account(self, namespace: str, name: str = "default", timeout: float = 60.0) -> None:
-        """Wait until the ServiceAccount exists and has its token secret
-        (Kubernetes 1.20's ServiceAccount admission rejects Pods before)."""
+        """Wait until the ServiceAccount exists (the controller manager makes
+        ``default`` in every namespace; ServiceAccount admission rejects Pods
+        before). Since 1.24 there is no token Secret to wait for."""
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
-
-        def ready() -> bool:
-            status, body = self.get(path)
-            return status == 200 and bool(json.loads(body).get("secrets"))
-
         self._wait(
-            ready, timeout, f"ServiceAccount {namespace}/{name} with a token", "kube-controller-manager"
+            lambda: self.get(path)[0] == 200,
+            timeout,
+            f"ServiceAccount {namespace}/{name}",
+            "kube-controller-manager",
         )
 
-    def create_namespace(self, name: str, timeout: float = 60.0) -> None:
+    def create_namespace(
+        self, name: str, labels: dict[str, str] | None = None, timeout: float = 60.0
+    ) -> None:
         """Create a namespace and wait for its default ServiceAccount, so that
         Pods can be created in it right away."""
         from kubernetes import client
 
         with self.api_client() as api:
             client.CoreV1Api(api).create_namespace(
-                client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
             )
         self.wait_for_service_account(name, timeout=timeout)
 
-    # -- internals
+    def wait_for_pod(
+        self, namespace: str, name: str, phase: str = "Running", timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """Wait until the Pod is bound to a Node (by kube-scheduler) and in
+        ``phase`` (kwok runs it); return the Pod as stored (JSON)."""
+        return self._wait_pod(
+            namespace,
+            name,
+            lambda p: bool(p["spec"].get("nodeName")) and p.get("status", {}).get("phase") == phase,
+            timeout,
+            f"scheduled and {phase}",
+        )
+
+    def wait_for_unschedulable(self, namespace: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until kube-scheduler has tried the Pod and found no Node for it
+        (condition PodScheduled=False, reason Unschedulable); return that
+        condition (its ``message`` says why, per Node)."""
+        pod = self._wait_pod(
+            namespace,
+            name,
+            lambda p: _pod_scheduled_condition(p).get("reason") == "Unschedulable",
+            timeout,
+            "marked Unschedulable",
+        )
+        return _pod_scheduled_condition(pod)
+
+    def _wait_pod(
+        self,
+        namespace: str,
+        name: str,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float,
+        what: str,
+    ) -> dict[str, Any]:
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        deadline = time.monotonic() + timeout
+        pod: dict[str, Any] = {}
+        while True:
+            pod = self.get_json(path)
+            if done(pod):
+                return pod
+            for p in self._processes:
+                if p.exited() is not None:
+                    raise ControlPlaneError(p.describe_failure(f"{p.name} died while waiting for a Pod"))
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"Pod {namespace}/{name} not {what} after {timeout:.0f}s: "
+                    f"nodeName={pod['spec'].get('nodeName')!r} status={json.dumps(pod.get('status'))}"
+                )
+            time.sleep(0.2)
+
     def _process(self, name: str) -> _Process:
         return next(p for p in self._processes if p.name == name)
 
@@ -493,7 +684,7 @@ class ControlPlane:
             try:
                 if check():
                     return
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, ControlPlaneError) as e:
                 last_error = f" (last error: {e})"
             if time.monotonic() > deadline:
                 raise ControlPlaneError(
@@ -503,6 +694,20 @@ class ControlPlane:
                 )
             time.sleep(0.25)
 
+    def _fleet_ready(self) -> bool:
+        """Every fleet Node Ready, with no taint but its own (the node
+        lifecycle controller taints a Node not-ready until kwok reports it)."""
+        items = {n["metadata"]["name"]: n for n in self.get_json("/api/v1/nodes")["items"]}
+        for node in self.nodes:
+            stored = items.get(node.name)
+            if stored is None:
+                return False
+            conditions = {c["type"]: c["status"] for c in stored.get("status", {}).get("conditions", [])}
+            taints = {t["key"] for t in stored["spec"].get("taints", [])}
+            if conditions.get("Ready") != "True" or taints != {t["key"] for t in node.taints}:
+                return False
+        return True
+
     def stop(self) -> None:
         for p in reversed(self._processes):
             p.stop()
@@ -511,6 +716,11 @@ class ControlPlane:
             return
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _pod_scheduled_condition(pod: dict[str, Any]) -> dict[str, Any]:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
 
 
 def _write_kubeconfig(path: Path, host: str, ca: Path, cert: CertKey, user: str) -> None:
@@ -536,11 +746,12 @@ def _write_kubeconfig(path: Path, host: str, ca: Path, cert: CertKey, user: str)
 
 
 def start_control_plane(binaries: dict[str, Path], timeout: float | None = None) -> ControlPlane:
-    """Start etcd, kube-apiserver and kube-controller-manager; return once
-    the apiserver is ready and ``default/default`` ServiceAccount has its
-    token. Raises ControlPlaneError (with log tails) on failure."""
+    """Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+    and kwok, register the fleet; return once the apiserver is ready, the
+    ``default/default`` ServiceAccount exists and every Node is Ready.
+    Raises ControlPlaneError (with log tails) on failure."""
     if timeout is None:
-        timeout = float(os.environ.get(TIMEOUT_ENV, "90"))
+        timeout = float(os.environ.get(TIMEOUT_ENV, "120"))
     workdir = Path(tempfile.mkdtemp(prefix="castslice-e2e-"))
     # etcd fsyncs a lot: keep its data on tmpfs when there is one.
     shm = Path("/dev/shm")
@@ -575,12 +786,8 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         server=True,
     )
     admin = certs.issue("admin", ADMIN_USER, organizations=["system:masters"], client=True)
-    kcm_cert = certs.issue(
-        "controller-manager",
-        "system:kube-controller-manager",
-        organizations=["system:masters"],
-        client=True,
-    )
+    # The components authenticate with client certificates; system:masters keeps RBAC out of the way.
+    component_kubeconfigs: dict[str, Path] = {}
     sa_key, sa_pub = certs.rsa_keypair("service-account")
 
     etcd_port, etcd_peer_port, api_port = free_port(), free_port(), free_port()
@@ -588,8 +795,16 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
     host = f"https://127.0.0.1:{api_port}"
     admin_kubeconfig = workdir / "admin.kubeconfig"
     _write_kubeconfig(admin_kubeconfig, host, ca.cert, admin, ADMIN_USER)
-    kcm_kubeconfig = workdir / "controller-manager.kubeconfig"
-    _write_kubeconfig(kcm_kubeconfig, host, ca.cert, kcm_cert, "system:kube-controller-manager")
+    for component, user in (
+        ("kube-controller-manager", "system:kube-controller-manager"),
+        ("kube-scheduler", "system:kube-scheduler"),
+        ("kwok", "kwok-controller"),
+    ):
+        cert = certs.issue(component, user, organizations=["system:masters"], client=True)
+        component_kubeconfigs[component] = workdir / f"{component}.kubeconfig"
+        _write_kubeconfig(component_kubeconfigs[component], host, ca.cert, cert, user)
+    kwok_home = workdir / "kwok-home"  # kwok also reads ~/.kwok/kwok.yaml: not the user's
+    kwok_home.mkdir()
 
     cp = ControlPlane(
         host=host,
@@ -605,88 +820,125 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         _dirs=[workdir, etcd_data],
     )
     etcd_peer = f"http://127.0.0.1:{etcd_peer_port}"
-    processes = [
-        _Process(
-            "etcd",
-            [
-                str(binaries["etcd"]),
-                "--name=e2e",
-                f"--data-dir={etcd_data}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={etcd_peer}",
-                f"--initial-advertise-peer-urls={etcd_peer}",
-                f"--initial-cluster=e2e={etcd_peer}",
-                "--initial-cluster-state=new",
-                "--logger=zap",
-                "--log-level=warn",
-            ],
-            logs / "etcd.log",
-        ),
-        _Process(
-            "kube-apiserver",
-            [
-                str(binaries["kube-apiserver"]),
-                "--advertise-address=127.0.0.1",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                "--insecure-port=0",
-                f"--cert-dir={workdir / 'certs'}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={ca.cert}",
-                f"--etcd-servers={etcd_url}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                f"--service-account-key-file={sa_pub}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,"
-                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
-                "--allow-privileged=true",
-                # An Endpoints object for `kubernetes` pointing at 127.0.0.1 is
-                # rejected (loopback) and nothing could reach it anyway.
-                "--endpoint-reconciler-type=none",
-                "--v=1",
-            ],
-            logs / "kube-apiserver.log",
-        ),
-        _Process(
-            "kube-controller-manager",
-            [
-                str(binaries["kube-controller-manager"]),
-                f"--kubeconfig={kcm_kubeconfig}",
-                "--controllers=*",
-                "--leader-elect=false",
-                "--use-service-account-credentials=false",
-                f"--service-account-private-key-file={sa_key}",
-                f"--root-ca-file={ca.cert}",
-                f"--cluster-signing-cert-file={ca.cert}",
-                f"--cluster-signing-key-file={ca.key}",
-                "--port=0",
-                "--secure-port=0",
-                "--v=1",
-            ],
-            logs / "kube-controller-manager.log",
-        ),
-    ]
+    kwok_selector = "=".join(KWOK_NODE_ANNOTATION)
+    etcd = _Process(
+        "etcd",
+        [
+            str(binaries["etcd"]),
+            "--name=e2e",
+            f"--data-dir={etcd_data}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={etcd_peer}",
+            f"--initial-advertise-peer-urls={etcd_peer}",
+            f"--initial-cluster=e2e={etcd_peer}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync",  # a throwaway store on tmpfs
+            "--logger=zap",
+            "--log-level=warn",
+        ],
+        logs / "etcd.log",
+    )
+    apiserver = _Process(
+        "kube-apiserver",
+        [
+            str(binaries["kube-apiserver"]),
+            "--advertise-address=127.0.0.1",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={workdir / 'certs'}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={ca.cert}",
+            f"--etcd-servers={etcd_url}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--authorization-mode=Node,RBAC",
+            # Added to the defaults (NamespaceLifecycle, ServiceAccount, the webhooks, PodSecurity, ...).
+            "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,"
+            "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+            "--allow-privileged=true",
+            # An Endpoints object for `kubernetes` pointing at 127.0.0.1 is
+            # rejected (loopback) and nothing could reach it anyway.
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ],
+        logs / "kube-apiserver.log",
+    )
+    controller_manager = _Process(
+        "kube-controller-manager",
+        [
+            str(binaries["kube-controller-manager"]),
+            f"--kubeconfig={component_kubeconfigs['kube-controller-manager']}",
+            "--controllers=*",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={sa_key}",
+            f"--root-ca-file={ca.cert}",
+            f"--cluster-signing-cert-file={ca.cert}",
+            f"--cluster-signing-key-file={ca.key}",
+            "--secure-port=0",
+            "--v=1",
+        ],
+        logs / "kube-controller-manager.log",
+    )
+    scheduler = _Process(
+        "kube-scheduler",
+        [
+            str(binaries["kube-scheduler"]),
+            f"--kubeconfig={component_kubeconfigs['kube-scheduler']}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--v=1",
+        ],
+        logs / "kube-scheduler.log",
+    )
+    kwok = _Process(
+        "kwok",
+        [
+            str(binaries["kwok"]),
+            f"--kubeconfig={component_kubeconfigs['kwok']}",
+            f"--config={KWOK_STAGES}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={kwok_selector}",
+            "--manage-nodes-with-label-selector=",
+            f"--node-ip={KWOK_NODE_IP}",
+            f"--cidr={KWOK_POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ],
+        logs / "kwok.log",
+        env={**os.environ, "HOME": str(kwok_home)},
+    )
+
+    def start(p: _Process) -> None:
+        p.start()
+        cp._processes.append(p)
 
     try:
-        processes[0].start()
-        cp._processes.append(processes[0])
+        start(etcd)
         cp._wait(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd /health", "etcd")
-
-        processes[1].start()
-        cp._processes.append(processes[1])
+        start(apiserver)
         cp._wait(lambda: cp.get("/readyz")[0] == 200, timeout, "kube-apiserver /readyz", "kube-apiserver")
-
-        processes[2].start()
-        cp._processes.append(processes[2])
+        for p in (controller_manager, scheduler, kwok):
+            start(p)
+        _create_fleet(cp)
         cp.wait_for_service_account("default", timeout=timeout)
+        cp._wait(cp._fleet_ready, timeout, "the fake Nodes to be Ready (kwok)", "kwok")
     except BaseException:
         cp.stop()
         raise
     return cp
+
+
+def _create_fleet(cp: ControlPlane) -> None:
+    from kubernetes import client
+
+    with cp.api_client() as api:
+        core: Any = client.CoreV1Api(api)
+        for node in cp.nodes:
+            core.create_node(node_manifest(node))
 
 
 def _http_ok(url: str) -> bool:
@@ -725,5 +977,5 @@ def control_plane_fixture() -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    """Session-wide etcd + kube-apiserver + kube-controller-manager."""
+    """Session-wide etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok."""
     yield from control_plane_fixture()

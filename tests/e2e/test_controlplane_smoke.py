@@ -1,9 +1,10 @@
-"""Smoke test of the e2e control plane itself: the apiserver stores objects
-(JSON maps included, which exercises the patched reflect2) and the controller
-manager turns a Deployment into a ReplicaSet and a Pod."""
+"""Smoke test of the e2e cluster itself: the apiserver stores objects and serves them in every
+encoding, the fleet is there as designed, kube-scheduler binds Pods and kwok runs them, and the
+controller manager turns a Deployment into a ReplicaSet and running Pods."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from .controlplane import ControlPlane
+from .controlplane import GPU, GPU_NODE, GPU_SHARED, ON_DEMAND, SPOT, SPOT_KEY, ControlPlane
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +30,34 @@ def _pod_spec() -> client.V1PodSpec:
     )
 
 
-def test_control_plane_stores_pods_and_runs_controllers(control_plane: ControlPlane) -> None:
+def test_the_apiserver_is_the_kubernetes_version_ci_builds(control_plane: ControlPlane) -> None:
+    version = control_plane.get_json("/version")
+    assert version["major"] == "1" and int(version["minor"]) >= 36, version
+    assert version["gitVersion"].startswith(f"v1.{version['minor']}."), version
+
+
+def test_the_fleet_is_ready_with_its_labels_taints_and_gpus(control_plane: ControlPlane) -> None:
+    stored = {n["metadata"]["name"]: n for n in control_plane.get_json("/api/v1/nodes")["items"]}
+    assert set(stored) == {n.name for n in control_plane.nodes}
+    for name in control_plane.node_names(SPOT):
+        node = stored[name]
+        assert node["metadata"]["labels"][SPOT_KEY] == "true"
+        assert {"key": SPOT_KEY, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    for name in control_plane.node_names(ON_DEMAND) + control_plane.node_names(GPU_NODE):
+        assert SPOT_KEY not in stored[name]["metadata"]["labels"]
+        assert not stored[name]["spec"].get("taints")
+    for name in control_plane.node_names(GPU_NODE):
+        allocatable = stored[name]["status"]["allocatable"]
+        assert int(allocatable[GPU_SHARED]) > 0 and allocatable[GPU] == "0"
+    for node in stored.values():
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True", node["metadata"]["name"]
+    # kwok renews each Node's Lease, so the node lifecycle controller keeps them Ready
+    leases = control_plane.get_json("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+    assert {lease["metadata"]["name"] for lease in leases["items"]} >= set(stored)
+
+
+def test_control_plane_stores_schedules_and_runs_pods(control_plane: ControlPlane) -> None:
     ns = f"smoke-{uuid.uuid4().hex[:8]}"
     control_plane.create_namespace(ns)
 
@@ -37,7 +65,7 @@ def test_control_plane_stores_pods_and_runs_controllers(control_plane: ControlPl
         core = client.CoreV1Api(api)
         apps = client.AppsV1Api(api)
 
-        # a bare, privileged Pod: stored as sent, Pending (there are no nodes)
+        # a bare, privileged Pod: stored as sent, then bound and run on a Node that needs no toleration
         labels = {"app": "smoke", "castslice.test/kind": "pod"}
         core.create_namespaced_pod(
             ns,
@@ -53,12 +81,13 @@ def test_control_plane_stores_pods_and_runs_controllers(control_plane: ControlPl
         assert pod.spec.containers[0].security_context.privileged is True
         assert pod.spec.containers[0].resources.requests == {"cpu": "10m", "memory": "16Mi"}
         assert pod.spec.service_account_name == "default"  # ServiceAccount admission ran
-        assert pod.spec.node_name is None
-        assert pod.status.phase == "Pending"
 
-        # Pretty JSON and YAML are encoded with json-iterator, whose map
-        # iteration (vendored reflect2 v1.0.1) breaks under Go >= 1.18 unless
-        # patched (.ci/provision-k8s): maps come out null, then the handler panics.
+        running = control_plane.wait_for_pod(ns, "bare")
+        assert control_plane.node_kind(running["spec"]["nodeName"]) in (ON_DEMAND, GPU_NODE)
+        assert running["status"]["containerStatuses"][0]["state"]["running"]
+        assert running["status"]["podIP"]
+
+        # Pretty JSON and YAML: every encoding of a stored object round-trips its maps.
         for path, accept in [
             (f"/api/v1/namespaces/{ns}/pods/bare?pretty=true", None),
             (f"/api/v1/namespaces/{ns}/pods/bare", "application/yaml"),
@@ -66,8 +95,9 @@ def test_control_plane_stores_pods_and_runs_controllers(control_plane: ControlPl
             status, body = control_plane.get(path, accept=accept)
             assert status == 200, (path, accept, body[:500])
             assert b"castslice.test/kind" in body, (path, accept, body[:500])
+        assert json.loads(control_plane.get(f"/api/v1/namespaces/{ns}/pods/bare?pretty=true")[1])
 
-        # a Deployment: the controller manager makes a ReplicaSet and a Pod
+        # a Deployment: the controller manager makes a ReplicaSet and a Pod, which then runs
         selector = {"app": "smoke-deploy"}
         apps.create_namespaced_deployment(
             ns,
@@ -104,6 +134,15 @@ def test_control_plane_stores_pods_and_runs_controllers(control_plane: ControlPl
         assert dpod.metadata.labels["app"] == "smoke-deploy"
         assert "pod-template-hash" in dpod.metadata.labels
         assert dpod.spec.containers[0].security_context.privileged is True
-        assert dpod.status.phase == "Pending"
+        control_plane.wait_for_pod(ns, dpod.metadata.name)
+
+        # the Deployment controller sees its Pod ready (kwok reports it so)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            deployment = apps.read_namespaced_deployment("web", ns)
+            if deployment.status.ready_replicas == 1:
+                break
+            time.sleep(0.5)
+        assert deployment.status.ready_replicas == 1, deployment.status
 
         core.delete_namespace(ns)

@@ -1,5 +1,6 @@
-"""CastSlice registered as the mutating webhook of a real kube-apiserver (1.20, with etcd and a
-kube-controller-manager), checked on the objects the apiserver stores.
+"""CastSlice registered as the mutating webhook of a real, current kube-apiserver (with etcd, a
+kube-controller-manager, a kube-scheduler and kwok's fake fleet, see controlplane.py), checked on
+the objects the apiserver stores and on where the real scheduler then puts them.
 
 The webhook is served by `castslice serve` with TLS on loopback, exactly as the Deployment overlay
 runs it. Its MutatingWebhookConfiguration is the project's own (knative/base/webhook.yaml, as
@@ -28,7 +29,7 @@ import yaml
 
 from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, one, render
 
-from .controlplane import ControlPlane, free_port
+from .controlplane import GPU_NODE, PREEXEC, ControlPlane, free_port, kill_group
 
 pytestmark = pytest.mark.e2e
 
@@ -99,9 +100,16 @@ class WebhookServer:
             "--tls-key",
             str(cert.key),
         ]
-        self.process = subprocess.Popen(
-            command, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT
-        )
+        with self.log_path.open("wb") as log:
+            # Its own process group (gunicorn and its workers stop together) that dies with pytest.
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=PREEXEC,
+            )
         self.url = f"https://127.0.0.1:{self.port}"
         self._wait_ready(plane)
 
@@ -121,13 +129,21 @@ class WebhookServer:
                 time.sleep(0.2)
         raise RuntimeError(f"castslice serve not ready: {self.log_path.read_text()[-2000:]}")
 
+    def admissions(self, plane: ControlPlane) -> float:
+        """How many admission requests this server has answered (its /metrics)."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        with urllib.request.urlopen(self.url + "/metrics", context=context, timeout=5) as answer:
+            text = answer.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("castslice_admission_requests_total{")
+        )
+
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        kill_group(self.process, timeout=15)
 
 
 def webhook_configuration(name: str, server: WebhookServer, ca: bytes, split: str) -> dict[str, Any]:
@@ -167,6 +183,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     _wait_webhook_active(core)
     try:
         yield {
+            "plane": control_plane,
             "api": api,
             "core": core,
             "apps": client.AppsV1Api(api),
@@ -253,6 +270,10 @@ def test_opted_in_pod_is_stored_with_shared_gpus_in_requests_and_limits(
         "limits": {"nvidia.com/gpu-shared": expected},
         "requests": {"nvidia.com/gpu-shared": expected},
     }
+    # and the real scheduler finds it a GPU Node with enough shared replicas
+    plane: ControlPlane = cluster["plane"]
+    running = plane.wait_for_pod(SLICING_NS, name)
+    assert plane.node_kind(running["spec"]["nodeName"]) == GPU_NODE
 
 
 def test_init_containers_and_unrelated_resources(cluster: dict[str, Any]) -> None:
@@ -298,14 +319,22 @@ def test_pods_where_nothing_applies_are_stored_unchanged(
     assert resources == {"limits": limits, "requests": limits}
 
 
-def test_excluded_namespace_is_left_alone_even_when_the_selector_lets_it_through(
-    cluster: dict[str, Any],
-) -> None:
-    # Kubernetes 1.20 has no kubernetes.io/metadata.name label, so the namespaceSelector matches
-    # kube-system: the function's own excludedNamespaces must be the backstop.
+def test_system_namespaces_never_reach_the_webhook(cluster: dict[str, Any]) -> None:
+    """The apiserver labels every namespace kubernetes.io/metadata.name=<name> (1.21+), so the
+    manifest's namespaceSelector keeps kube-system away from the webhook altogether: the apiserver
+    does not even call it (the function's excludedNamespaces stays a backstop for old clusters)."""
+    plane: ControlPlane = cluster["plane"]
+    slicing: WebhookServer = cluster["slicing"]
+    labels = cluster["core"].read_namespace("kube-system").metadata.labels
+    assert labels["kubernetes.io/metadata.name"] == "kube-system"
+    before = slicing.admissions(plane)
     cluster["core"].create_namespaced_pod("kube-system", pod("in-kube-system", OPTED_IN, GPU))
     try:
         assert resources_of(stored(cluster, "kube-system", "in-kube-system"))["limits"] == GPU
+        assert slicing.admissions(plane) == before
+        # the same Pod in a namespace the selector lets through is sent to the webhook
+        cluster["core"].create_namespaced_pod(SLICING_NS, pod("counted", OPTED_IN, GPU))
+        assert slicing.admissions(plane) > before
     finally:
         cluster["core"].delete_namespaced_pod("in-kube-system", "kube-system", grace_period_seconds=0)
 
@@ -353,11 +382,14 @@ def test_deployment_pods_created_by_the_controller_manager_are_sliced(cluster: d
             break
         time.sleep(0.5)
     assert len(pods) == 2, "the controller manager did not create the Deployment's Pods"
+    plane: ControlPlane = cluster["plane"]
     for created in pods:
         assert created.metadata.generate_name  # controller-made: no name in the admission request
         resources = created.spec.containers[0].resources
         assert resources.limits == {"nvidia.com/gpu-shared": "2"}
         assert resources.requests == {"nvidia.com/gpu-shared": "2"}
+        running = plane.wait_for_pod(SLICING_NS, created.metadata.name)
+        assert plane.node_kind(running["spec"]["nodeName"]) == GPU_NODE
     # The Deployment's own template is not a Pod: it stays as written.
     template_resources = cluster["apps"].read_namespaced_deployment("fleet", SLICING_NS).spec.template.spec
     assert template_resources.containers[0].resources.limits == GPU
@@ -469,12 +501,101 @@ def test_a_stored_vgpu_pod_sent_again_gains_nothing(cluster: dict[str, Any]) -> 
     assert second["spec"]["schedulerName"] == "hami-scheduler"
 
 
-def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any]) -> None:
-    from tests.e2e.crds import apply_dry_run, install_crds
+@pytest.fixture(scope="module")
+def crds(cluster: dict[str, Any]) -> None:
+    """The Knative and cert-manager CRDs, installed as shipped (CEL rules included)."""
+    from tests.e2e.crds import install_crds
 
     install_crds(cluster["api"])
+
+
+def test_every_knative_manifest_passes_a_server_side_dry_run(cluster: dict[str, Any], crds: None) -> None:
+    """Every rendered object goes in as rendered (policy/v1 PodDisruptionBudget included), beside
+    the CRDs as shipped: the apiserver validates them all for real."""
+    from tests.e2e.crds import apply_dry_run
+
     for directory in kustomization_dirs():  # components render only inside an overlay
         apply_dry_run(cluster["api"], render(directory), str(directory.relative_to(ROOT)))
+
+
+def test_crd_cel_rules_are_enforced(cluster: dict[str, Any], crds: None) -> None:
+    """The CRDs' x-kubernetes-validations are compiled and enforced, not stripped: cert-manager's
+    Issuer allows exactly one Venafi back end."""
+    from kubernetes import dynamic
+    from kubernetes.client.exceptions import ApiException
+
+    issuers = dynamic.DynamicClient(cluster["api"]).resources.get(
+        api_version="cert-manager.io/v1", kind="Issuer"
+    )
+    cloud = {"apiTokenSecretRef": {"name": "token"}}
+    tpp = {"url": "https://tpp.invalid/vedsdk", "credentialsRef": {"name": "credentials"}}
+
+    def issuer(venafi: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Issuer",
+            "metadata": {"name": "venafi", "namespace": SLICING_NS},
+            "spec": {"venafi": {"zone": "castslice", **venafi}},
+        }
+
+    issuers.create(body=issuer({"cloud": cloud}), namespace=SLICING_NS, query_params=[("dryRun", "All")])
+    with pytest.raises(ApiException) as rejected:
+        issuers.create(
+            body=issuer({"cloud": cloud, "tpp": tpp}), namespace=SLICING_NS, query_params=[("dryRun", "All")]
+        )
+    assert rejected.value.status == 422
+    assert "exactly one of tpp, cloud, or ngts must be configured" in rejected.value.body
+
+
+def test_native_sidecar_asking_for_a_gpu_is_sliced_and_runs(cluster: dict[str, Any]) -> None:
+    """A native sidecar (an init container with restartPolicy: Always, Kubernetes 1.28+) is
+    sliced like any container; the apiserver keeps its restartPolicy, counts it in the Pod's
+    requests for the whole Pod's life, and the Pod runs on a GPU Node with the sidecar started."""
+    plane: ControlPlane = cluster["plane"]
+    manifest = pod("sidecar", {**OPTED_IN, "castops.io/workload-type": "inference"}, GPU)
+    manifest["spec"]["initContainers"] = [
+        {
+            "name": "gpu-sidecar",
+            "image": "busybox",
+            "restartPolicy": "Always",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        }
+    ]
+    cluster["core"].create_namespaced_pod(SLICING_NS, manifest)
+    result = stored(cluster, SLICING_NS, "sidecar")
+    sidecar = result["spec"]["initContainers"][0]
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["resources"] == {
+        "limits": {"nvidia.com/gpu-shared": "2"},
+        "requests": {"nvidia.com/gpu-shared": "2"},
+    }
+    assert resources_of(result)["limits"] == {"nvidia.com/gpu-shared": "2"}
+    running = plane.wait_for_pod(SLICING_NS, "sidecar")
+    assert plane.node_kind(running["spec"]["nodeName"]) == GPU_NODE
+    (status,) = running["status"]["initContainerStatuses"]
+    assert status["name"] == "gpu-sidecar" and status["started"] is True and status["state"]["running"]
+
+
+def test_sliced_pod_is_bound_to_a_gpu_node_by_the_scheduler(cluster: dict[str, Any]) -> None:
+    """Opted in, the Pod asks for shared replicas, which the GPU Nodes advertise: kube-scheduler
+    binds it to one and it runs; its whole-GPU twin below cannot be placed anywhere."""
+    plane: ControlPlane = cluster["plane"]
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod("placed", OPTED_IN, GPU))
+    running = plane.wait_for_pod(SLICING_NS, "placed")
+    assert running["spec"]["nodeName"] in plane.node_names(GPU_NODE)
+    assert resources_of(running)["requests"] == {"nvidia.com/gpu-shared": "1"}
+    assert running["status"]["phase"] == "Running"
+
+
+def test_pod_left_unsliced_stays_pending_where_no_node_has_whole_gpus(cluster: dict[str, Any]) -> None:
+    """Not opted in (castops.io/optimize is not exactly "true"): the webhook leaves the whole-GPU
+    request alone, and on a fleet whose GPUs are all time-sliced no Node can take it."""
+    plane: ControlPlane = cluster["plane"]
+    cluster["core"].create_namespaced_pod(SLICING_NS, pod("left-whole", {"castops.io/optimize": "yes"}, GPU))
+    assert resources_of(stored(cluster, SLICING_NS, "left-whole"))["limits"] == GPU
+    condition = plane.wait_for_unschedulable(SLICING_NS, "left-whole")
+    assert "Insufficient nvidia.com/gpu" in condition["message"], condition
+    assert not stored(cluster, SLICING_NS, "left-whole")["spec"].get("nodeName")
 
 
 def test_zz_pods_are_admitted_unmutated_when_the_webhook_is_down(cluster: dict[str, Any]) -> None:
@@ -482,3 +603,6 @@ def test_zz_pods_are_admitted_unmutated_when_the_webhook_is_down(cluster: dict[s
     cluster["slicing"].stop()
     cluster["core"].create_namespaced_pod(SLICING_NS, pod("while-down", OPTED_IN, GPU))
     assert resources_of(stored(cluster, SLICING_NS, "while-down"))["limits"] == GPU
+    # the price of failurePolicy: Ignore on a time-sliced fleet: the Pod cannot be placed
+    condition = cluster["plane"].wait_for_unschedulable(SLICING_NS, "while-down")
+    assert "Insufficient nvidia.com/gpu" in condition["message"], condition

@@ -1,0 +1,619 @@
+"""Spot placement on a real control plane: kube-apiserver, kube-controller-manager (ReplicaSets and
+DaemonSets make the Pods), kube-scheduler and kwok's fake fleet (CAST AI spot Nodes: label
+``scheduling.cast.ai/spot: "true"`` and a NoSchedule taint on that key; see controlplane.py).
+
+The webhook is ``castslice serve`` (TLS on loopback) registered with the project's own
+MutatingWebhookConfiguration (knative/base, rendered), and its cluster view runs as the webhook's
+ServiceAccount with the RBAC the manifests render (the deployment overlay plus the cluster-view
+component): a kubeconfig holding only a token of that ServiceAccount, never admin.
+
+Servers, each behind its own webhook configuration, routed by a namespace label: ``one`` (one
+serving process), ``two`` (two single-worker servers, each with its own view and ledger, behind a
+per-connection round-robin proxy: one address, as a Service in front of two Pods), ``workers``
+(one server with WORKERS=2; the kernel hands connections to either worker) and ``shadow`` (the
+spot mutator in shadow mode). The burst deviations are
+printed (``-s``) and kept as test properties (``--junitxml``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.manifests_support import KNATIVE_DIR, kubectl_path, one, render
+
+from .controlplane import ON_DEMAND, PREEXEC, SPOT, SPOT_KEY, ControlPlane, free_port, kill_group
+from .test_webhook_e2e import EventLog, start_event_sink
+
+pytestmark = pytest.mark.e2e
+
+CASTSLICE = str(Path(sys.executable).parent / "castslice")
+ROUTE = "castslice-e2e-spot"
+"""Namespace label naming the server that handles the namespace (one, two, shadow)."""
+SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
+PLACEMENT = "castops.io/placement"
+SPOT_TOLERATION = {"key": SPOT_KEY, "operator": "Exists"}
+FORCED_NAMESPACE = "spot-forced"
+
+SPOT_CONFIG: dict[str, Any] = {
+    "gpuSlicing": {"enabled": False},
+    "spot": {
+        "enabled": True,
+        "spotPercentageOfReplicaSet": 40,
+        "forcePodsToOnDemand": [{"namespaces": [FORCED_NAMESPACE]}],
+    },
+}
+
+
+def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+# -- the webhook's identity: the rendered ServiceAccount and RBAC, a token kubeconfig ---------------
+def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
+    """Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding as a user deploys them: the
+    deployment overlay with the cluster-view component."""
+    overlay = KNATIVE_DIR / "overlays" / "deployment"
+    component = KNATIVE_DIR / "components" / "cluster-view"
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(overlay, tmp_path)],
+                # settings again, last, as overlays list it: the binding's subject gets its namespace.
+                "components": [
+                    os.path.relpath(component, tmp_path),
+                    os.path.relpath(KNATIVE_DIR / "components" / "settings", tmp_path),
+                ],
+            }
+        )
+    )
+    out = subprocess.run(
+        [kubectl_path(), "kustomize", str(tmp_path)], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    wanted = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    objects = [o for o in yaml.safe_load_all(out) if o and o["kind"] in wanted]
+    return [o for o in objects if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == SA_NAME]
+
+
+def create(api: Any, obj: dict[str, Any]) -> bool:
+    """Create ``obj``; False when it already existed (another test module made it)."""
+    from kubernetes import client, utils
+
+    try:
+        utils.create_from_dict(api, obj)
+    except utils.FailToCreateError as error:
+        if not all(isinstance(e, client.ApiException) and e.status == 409 for e in error.api_exceptions):
+            raise
+        return False
+    return True
+
+
+def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
+    """Remove what this module created (a later module's dry run of the manifests must not find it)."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
+        for obj in reversed(created):
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind == "ClusterRoleBinding":
+                rbac.delete_cluster_role_binding(name)
+            elif kind == "ClusterRole":
+                rbac.delete_cluster_role(name)
+            elif kind == "ServiceAccount":
+                core.delete_namespaced_service_account(name, obj["metadata"]["namespace"])
+            elif kind == "Namespace":
+                core.delete_namespace(name)
+                eventually(
+                    lambda name=name: plane.get(f"/api/v1/namespaces/{name}")[0] == 404, 120, f"{name} gone"
+                )
+
+
+def service_account_kubeconfig(plane: ControlPlane, directory: Path, created: list[dict[str, Any]]) -> Path:
+    """Apply the rendered RBAC (what was new is appended to ``created``); a token kubeconfig."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        for obj in rendered_rbac(directory):
+            if create(api, obj):
+                created.append(obj)
+        plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
+        token = (
+            client.CoreV1Api(api)
+            .create_namespaced_service_account_token(
+                SA_NAME, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
+            )
+            .status.token
+        )
+    path = directory / "castslice.kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "e2e",
+                        "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
+                    }
+                ],
+                "users": [{"name": SA_NAME, "user": {"token": token}}],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": SA_NAME}}],
+                "current-context": "e2e",
+            }
+        )
+    )
+    return path
+
+
+# -- the servers ------------------------------------------------------------------------------------
+class SpotServer:
+    """``castslice serve`` with a spot configuration, its watches authenticated by ``kubeconfig``."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        name: str,
+        config: dict[str, Any],
+        kubeconfig: Path,
+        sink: str,
+        workers: int,
+    ) -> None:
+        self.name = name
+        self.port = free_port()
+        cert = plane.issue_cert(
+            f"spot-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
+        )
+        config_path = plane.workdir / f"castslice-spot-{name}.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        self.log_path = plane.workdir / f"castslice-spot-{name}.log"
+        env = {
+            **os.environ,
+            "CASTSLICE_CONFIG": str(config_path),
+            "KUBECONFIG": str(kubeconfig),
+            "K_SINK": sink,
+            "HOME": str(plane.workdir),
+            "WORKERS": str(workers),
+        }
+        command = [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=PREEXEC,
+            )
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        # /readyz answers 200 only once the watches have listed (a worker's own view): with two
+        # workers, ask until several answers in a row are ready.
+        for _ in range(2 * workers + 1):
+            eventually(self._ready, 60, f"castslice serve ({name}) ready")
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"castslice serve exited: {self.log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(self.url + "/readyz", context=self.context, timeout=1) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def view_objects(self, index: str) -> float:
+        """castslice_view_objects{index} from the /metrics of whichever worker answers."""
+        with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
+            text = answer.read().decode()
+        prefix = f'castslice_view_objects{{index="{index}"}} '
+        return max(
+            (float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)), default=-1
+        )
+
+    def admissions_by_worker(self, probes: int = 20) -> list[float]:
+        """Admission requests answered, per worker seen: each probe is a new connection, which the
+        kernel hands to either worker, so with two workers both totals show up."""
+        totals = set()
+        for _ in range(probes):
+            with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
+                text = answer.read().decode()
+            totals.add(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("castslice_admission_requests_total{")
+                )
+            )
+        return sorted(totals)
+
+    def stop(self) -> None:
+        kill_group(self.process, timeout=15)
+
+
+class RoundRobinProxy:
+    """One address in front of several servers, as a Service is in front of its Pods: each new TCP
+    connection goes to the next backend (TLS passes through; every backend's certificate names
+    127.0.0.1). kube-proxy balances per connection too."""
+
+    def __init__(self, backends: list[int]) -> None:
+        self.backends = backends
+        self.connections = [0] * len(backends)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        turn = 0
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            index = turn % len(self.backends)
+            turn += 1
+            self.connections[index] += 1
+            upstream = socket.create_connection(("127.0.0.1", self.backends[index]))
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+class TwoBehindOne:
+    """Two single-worker servers (each its own view and ledger) behind one address."""
+
+    def __init__(self, name: str, servers: list[SpotServer]) -> None:
+        self.name = name
+        self.servers = servers
+        self.proxy = RoundRobinProxy([server.port for server in servers])
+        self.url = f"https://127.0.0.1:{self.proxy.port}"
+
+    def admissions_by_worker(self) -> list[float]:
+        return [server.admissions_by_worker(1)[0] for server in self.servers]
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        for server in self.servers:
+            server.stop()
+
+
+def webhook_configuration(server: SpotServer | TwoBehindOne, ca: bytes) -> dict[str, Any]:
+    """The project's own webhook manifest, pointed at ``server``, for namespaces routed to it."""
+    rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
+    configuration = copy.deepcopy(rendered)
+    configuration["metadata"] = {"name": f"e2e-spot-{server.name}"}
+    for hook in configuration["webhooks"]:
+        path = hook["clientConfig"].get("path") or "/" + hook["clientConfig"]["url"].split("/", 3)[3]
+        hook["clientConfig"] = {"url": server.url + path, "caBundle": base64.b64encode(ca).decode()}
+        hook["name"] = f"e2e-spot-{server.name}.castslice.castops.io"
+        hook["namespaceSelector"]["matchExpressions"].append(
+            {"key": ROUTE, "operator": "In", "values": [server.name]}
+        )
+    return configuration
+
+
+@pytest.fixture(scope="module")
+def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from kubernetes import client
+
+    created: list[dict[str, Any]] = []
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("spot-rbac"), created)
+    events = EventLog()
+    sink_url, sink = start_event_sink(events)
+    servers = {
+        "one": SpotServer(control_plane, "one", SPOT_CONFIG, kubeconfig, sink_url, workers=1),
+        "two": TwoBehindOne(
+            "two",
+            [
+                SpotServer(control_plane, f"two-{n}", SPOT_CONFIG, kubeconfig, sink_url, workers=1)
+                for n in ("a", "b")
+            ],
+        ),
+        "workers": SpotServer(control_plane, "workers", SPOT_CONFIG, kubeconfig, sink_url, workers=2),
+        "shadow": SpotServer(
+            control_plane,
+            "shadow",
+            {
+                **SPOT_CONFIG,
+                "spot": {**SPOT_CONFIG["spot"], "mode": "shadow", "spotPercentageOfReplicaSet": 0},
+            },
+            kubeconfig,
+            sink_url,
+            workers=1,
+        ),
+    }
+    api = control_plane.api_client()
+    registration = client.AdmissionregistrationV1Api(api)
+    ca = control_plane.ca_cert.read_bytes()
+    for server in servers.values():
+        registration.create_mutating_webhook_configuration(webhook_configuration(server, ca))
+    namespaces = {
+        "spot-one": "one",
+        "spot-two": "two",
+        "spot-workers": "workers",
+        FORCED_NAMESPACE: "one",
+        "spot-shadow": "shadow",
+    }
+    for namespace, route in namespaces.items():
+        control_plane.create_namespace(namespace, labels={ROUTE: route})
+    core = client.CoreV1Api(api)
+    _wait_active(core)
+    try:
+        yield {
+            "plane": control_plane,
+            "core": core,
+            "apps": client.AppsV1Api(api),
+            "events": events,
+            "servers": servers,
+        }
+    finally:
+        for server in servers.values():
+            registration.delete_mutating_webhook_configuration(f"e2e-spot-{server.name}")
+        for namespace in namespaces:
+            core.delete_namespace(namespace)
+        for server in servers.values():
+            server.stop()
+        sink.shutdown()
+        api.close()
+        delete_created(control_plane, created)
+
+
+def _wait_active(core: Any) -> None:
+    """The apiserver picks up webhook configurations asynchronously: probe with dry runs."""
+
+    def active() -> bool:
+        probe = deployment_pod_probe()
+        created = core.create_namespaced_pod("spot-one", probe, dry_run="All")
+        return bool((created.metadata.labels or {}).get(PLACEMENT))
+
+    eventually(active, 30, "the spot webhook to be called")
+
+
+def deployment_pod_probe() -> dict[str, Any]:
+    """A Pod as a ReplicaSet would create it (a controller reference to a made-up ReplicaSet)."""
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "probe", "uid": str(uuid.uuid4())}
+    return {
+        "metadata": {"generateName": "probe-", "ownerReferences": [{**owner, "controller": True}]},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+# -- workloads --------------------------------------------------------------------------------------
+def deployment(name: str, replicas: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations or {}},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "10m"}}}
+                    ],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        },
+    }
+
+
+def live_pods(spot: dict[str, Any], namespace: str, app: str) -> list[dict[str, Any]]:
+    raw = spot["core"].list_namespaced_pod(namespace, label_selector=f"app={app}", _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(raw.data)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def wait_running(spot: dict[str, Any], namespace: str, app: str, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def done() -> bool:
+        nonlocal found
+        found = live_pods(spot, namespace, app)
+        return len(found) == count and all(
+            p["spec"].get("nodeName") and p.get("status", {}).get("phase") == "Running" for p in found
+        )
+
+    eventually(done, 120, f"{count} Running Pods of {namespace}/{app}")
+    return found
+
+
+def placements(pods: list[dict[str, Any]]) -> list[str]:
+    return [p["metadata"].get("labels", {}).get(PLACEMENT, "") for p in pods]
+
+
+def assert_on_their_nodes(plane: ControlPlane, pods: list[dict[str, Any]]) -> None:
+    """Spot Pods sit on spot Nodes, the others do not."""
+    for p in pods:
+        kind = plane.node_kind(p["spec"]["nodeName"])
+        if p["metadata"]["labels"].get(PLACEMENT) == "spot":
+            assert kind == SPOT, (p["metadata"]["name"], kind)
+        else:
+            assert kind != SPOT, (p["metadata"]["name"], kind)
+
+
+def scale(spot: dict[str, Any], namespace: str, name: str, replicas: int) -> None:
+    spot["apps"].patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+
+
+def remove(spot: dict[str, Any], namespace: str, name: str) -> None:
+    spot["apps"].delete_namespaced_deployment(name, namespace, propagation_policy="Background")
+
+
+# -- the tests --------------------------------------------------------------------------------------
+def test_partial_spot_scaled_one_replica_at_a_time_ends_at_4_spot_and_6_on_demand(
+    spot: dict[str, Any],
+) -> None:
+    spot["apps"].create_namespaced_deployment("spot-one", deployment("steady", 0))
+    for replicas in range(1, 11):
+        scale(spot, "spot-one", "steady", replicas)
+        pods = wait_running(spot, "spot-one", "steady", replicas)
+        # at every step spot stays at or below floor(n x 40 / 100)
+        assert placements(pods).count("spot") <= replicas * 40 // 100, (replicas, placements(pods))
+    got = placements(pods)
+    assert got.count("spot") == 4 and got.count("on-demand") == 6, got
+    assert_on_their_nodes(spot["plane"], pods)
+    costs = {p["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] for p in pods}
+    assert costs == {"-100", "100"}
+    # The serving process's own view (not the ledger) holds the Pods: its watches run in the worker.
+    server: SpotServer = spot["servers"]["one"]
+    eventually(lambda: server.view_objects("pods") >= 10, 30, "the worker's view to hold the 10 Pods")
+    remove(spot, "spot-one", "steady")
+
+
+@pytest.mark.parametrize("server", ["one", "two", "workers"])
+def test_partial_spot_burst_from_0_to_20_reports_its_deviation(
+    spot: dict[str, Any], server: str, record_property: Callable[[str, object], None]
+) -> None:
+    """CASTSLICE_E2E_SPOT_BURSTS rounds (default 1), each a new Deployment created at 20 replicas."""
+    namespace = f"spot-{server}"
+    deviations = []
+    for round_number in range(int(os.environ.get("CASTSLICE_E2E_SPOT_BURSTS", "1"))):
+        name = f"burst-{server}-{round_number}"
+        spot["apps"].create_namespaced_deployment(namespace, deployment(name, 20))
+        pods = wait_running(spot, namespace, name, 20)
+        got = placements(pods)
+        assert got.count("spot") + got.count("on-demand") == 20
+        assert_on_their_nodes(spot["plane"], pods)
+        deviations.append(got.count("spot") - 20 * 40 // 100)
+        remove(spot, namespace, name)
+        eventually(lambda name=name: not live_pods(spot, namespace, name), 120, f"{name} gone")
+    record_property(f"burst_spot_deviations_{server}", ",".join(f"{d:+d}" for d in deviations))
+    by_worker = spot["servers"][server].admissions_by_worker()
+    record_property(f"admissions_by_worker_{server}", by_worker)
+    print(
+        f"\n[spot e2e] 0->20 at once, {server} serving process(es), {len(deviations)} rounds: "
+        f"spot - 8 = {', '.join(f'{d:+d}' for d in deviations)}; admissions per worker seen: {by_worker}"
+    )
+    if server == "one":
+        # One process decides one review at a time with its own recent decisions: exact.
+        assert set(deviations) == {0}, deviations
+
+
+def test_force_on_demand_by_namespace(spot: dict[str, Any]) -> None:
+    spot["apps"].create_namespaced_deployment(FORCED_NAMESPACE, deployment("forced", 3))
+    pods = wait_running(spot, FORCED_NAMESPACE, "forced", 3)
+    assert placements(pods) == ["on-demand"] * 3
+    assert all(SPOT_TOLERATION not in (p["spec"].get("tolerations") or []) for p in pods)
+    assert_on_their_nodes(spot["plane"], pods)
+    remove(spot, FORCED_NAMESPACE, "forced")
+
+
+def test_lifecycle_override_on_the_template(spot: dict[str, Any]) -> None:
+    spot["apps"].create_namespaced_deployment(
+        "spot-one", deployment("all-spot", 3, {"scheduling.cast.ai/lifecycle": "spot"})
+    )
+    pods = wait_running(spot, "spot-one", "all-spot", 3)
+    assert placements(pods) == ["spot"] * 3  # 40 % would give 1
+    assert_on_their_nodes(spot["plane"], pods)
+    remove(spot, "spot-one", "all-spot")
+
+
+def test_daemonset_pods_get_the_spot_toleration_only(
+    spot: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    plane: ControlPlane = spot["plane"]
+    manifest = deployment("agent", 0)
+    manifest.update(kind="DaemonSet")
+    manifest["spec"].pop("replicas")
+    spot["apps"].create_namespaced_daemon_set("spot-one", manifest)
+    desired = 0
+
+    def counted() -> bool:
+        nonlocal desired
+        status = spot["apps"].read_namespaced_daemon_set_status("agent", "spot-one").status
+        desired = status.desired_number_scheduled or 0
+        return (status.observed_generation or 0) >= 1 and desired > 0
+
+    eventually(counted, 60, "the DaemonSet controller to count its Nodes")
+    pods = wait_running(spot, "spot-one", "agent", desired)
+    for p in pods:
+        assert SPOT_TOLERATION in p["spec"]["tolerations"]
+        assert SPOT_KEY not in (p["spec"].get("nodeSelector") or {})
+        assert PLACEMENT not in p["metadata"].get("labels", {})
+    kinds = sorted(str(plane.node_kind(p["spec"]["nodeName"])) for p in pods)
+    # The DaemonSet controller picks its Nodes by the *template's* tolerations, before admission:
+    # the toleration the webhook adds cannot make it create Pods for tainted spot Nodes.
+    record_property("daemonset_node_kinds", ",".join(kinds))
+    print(f"\n[spot e2e] DaemonSet Pods on: {kinds} (fleet: {len(plane.nodes)} Nodes)")
+    assert ON_DEMAND in kinds
+    spot["apps"].delete_namespaced_daemon_set("agent", "spot-one")
+
+
+def test_a_bare_pod_is_untouched(spot: dict[str, Any]) -> None:
+    manifest = {
+        "metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], "terminationGracePeriodSeconds": 0},
+    }
+    spot["core"].create_namespaced_pod("spot-one", manifest)
+    stored = json.loads(spot["core"].read_namespaced_pod("bare", "spot-one", _preload_content=False).data)
+    assert PLACEMENT not in (stored["metadata"].get("labels") or {})
+    assert SPOT_TOLERATION not in stored["spec"].get("tolerations", [])
+    assert SPOT_KEY not in (stored["spec"].get("nodeSelector") or {})
+    spot["core"].delete_namespaced_pod("bare", "spot-one", grace_period_seconds=0)
+
+
+def test_shadow_mode_sends_no_patch_but_audits_the_decision(spot: dict[str, Any]) -> None:
+    events: EventLog = spot["events"]
+    spot["apps"].create_namespaced_deployment("spot-shadow", deployment("shadowed", 2))
+    pods = wait_running(spot, "spot-shadow", "shadowed", 2)
+    for p in pods:
+        assert PLACEMENT not in p["metadata"].get("labels", {})
+        assert SPOT_TOLERATION not in (p["spec"].get("tolerations") or [])
+        assert_on_their_nodes(spot["plane"], [p])
+
+    def shadow_decisions() -> list[dict[str, Any]]:
+        with events.lock:
+            bodies = [
+                e["body"] for e in events.events if e["headers"].get("ce-podnamespace") == "spot-shadow"
+            ]
+        decided = []
+        for body in bodies:
+            for decision in json.loads(body).get("mutators", []):
+                if decision["mutator"] == "spot" and decision.get("shadow"):
+                    decided.append(decision)
+        return decided
+
+    eventually(lambda: len(shadow_decisions()) >= 2, 30, "two shadow spot decisions in the audit trail")
+    for decision in shadow_decisions()[:2]:
+        assert decision["action"] == "mutated" and decision["reason"].startswith("spot: rule defaultToSpot")
+    remove(spot, "spot-shadow", "shadowed")
