@@ -349,10 +349,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    from function.contract import DISTRIBUTION
     from function.engine import ENGINE_VERSION
 
     try:
-        package = version("castslice")
+        package = version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         package = "unknown"
     return f"castslice {package} (engine {ENGINE_VERSION})"

@@ -46,6 +46,10 @@ body accepted can also be compared and serialized without recursion anywhere."""
 MAX_QUOTED_CHARS: Final = 200
 """The longest piece of client input any error message (reply or log line) quotes."""
 
+DISTRIBUTION: Final = "function"
+"""The project's name on PyPI terms: Knative Functions' builder installs the project as
+``function @ <path>`` and pip refuses any other name (the command is still ``castslice``)."""
+
 # --- Configuration ------------------------------------------------------------------------
 CONFIG_ENV: Final = "CASTSLICE_CONFIG"
 CONFIG_MOUNT_PATH: Final = "/etc/castslice/config.yaml"
