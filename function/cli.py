@@ -18,7 +18,7 @@ import yaml
 
 from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
 from function.config import Config, ConfigError, load_config, load_config_file
-from function.contract import DEFAULT_PORT, OUTCOMES
+from function.contract import DEFAULT_PORT, LARGE_REVIEWS_ENV, OUTCOMES
 from function.engine import Engine
 from function.manifests import ObjectResult, mutate_chunk
 from function.watch import watches_for
@@ -53,7 +53,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
     app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
-    options: dict[str, Any] = {}
+    # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
+    # idle limits and a shutdown that answers every request received (function/server.py).
+    options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}
+    # Large reviews off the event loop, in a child process of the worker (function/offload.py).
+    os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
     if args.tls_cert:
         from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 
@@ -462,10 +466,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    from function.contract import DISTRIBUTION
     from function.engine import ENGINE_VERSION
 
     try:
-        package = version("castslice")
+        package = version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         package = "unknown"
     return f"castslice {package} (engine {ENGINE_VERSION})"

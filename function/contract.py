@@ -22,6 +22,35 @@ DEFAULT_PORT: Final = 8080
 """Knative's default container port; the Procfile and manifests pass it as $PORT."""
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
+LARGE_REVIEWS_ENV: Final = "CASTSLICE_LARGE_REVIEWS"
+"""``process``: large reviews are decided in a child process (``castslice serve`` sets it unless it
+is set already); anything else, or unset (tests, other servers): on the event loop, as any review."""
+LARGE_BODY_BYTES: Final = 256 * 1024
+"""Reviews with a larger body are decided in a separate process, off the event loop (function/offload.py)."""
+MAX_HEADER_BYTES: Final = 64 * 1024
+"""Request line plus headers; more gets 431 and the connection closed. The apiserver sends < 1 KiB."""
+HEADER_READ_SECONDS: Final = 5.0
+"""From a request's first byte to the end of its headers; slower gets 408 and the connection closed."""
+BODY_READ_SECONDS: Final = 10.0
+"""From the end of the headers to the end of the body (3 MiB at 2.5 Mbit/s); slower gets 408.
+Below the apiserver's longest webhook timeout (30 s), so a stalled client cannot hold a slot longer."""
+IDLE_KEEPALIVE_SECONDS: Final = 5.0
+"""A connection with no request in progress (new, or kept alive after a reply) is closed after this."""
+SHUTDOWN_PICKUP_SECONDS: Final = 0.2
+"""At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
+SHUTDOWN_LINGER_SECONDS: Final = 2.0
+"""After the FIN that ends a connection (at shutdown, or after a 408/431), how long the client's
+late bytes are read and dropped before the socket closes: closing with bytes unread would reset."""
+MAX_JSON_DEPTH: Final = 254
+"""Deepest nesting of arrays and objects in a request body (the whole AdmissionReview); deeper is
+a 400. A real Pod is about 20 levels deep. 254 is the depth orjson's encoder can write, so every
+body accepted can also be compared and serialized without recursion anywhere."""
+MAX_QUOTED_CHARS: Final = 200
+"""The longest piece of client input any error message (reply or log line) quotes."""
+
+DISTRIBUTION: Final = "function"
+"""The project's name on PyPI terms: Knative Functions' builder installs the project as
+``function @ <path>`` and pip refuses any other name (the command is still ``castslice``)."""
 
 # --- Configuration ------------------------------------------------------------------------
 CONFIG_ENV: Final = "CASTSLICE_CONFIG"

@@ -20,10 +20,10 @@ from function.configtypes import MutatorMode, OnInternalError
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.mutators.registry import Neighbours, Settings
-from function.patch import Operation, PatchProofError, copy_json, diff, prove
+from function.patch import Operation, PatchProofError, copy_json, diff, prove, quick_diff
 from function.placement import scheduling_violations
 from function.pod import Pod, cap_warning, labels_of
-from function.rules import extended_resource_violations
+from function.rules import introduced_violations
 
 log = logging.getLogger("castslice.engine")
 
@@ -132,13 +132,20 @@ class Engine:
             message = "; ".join(d.reason for d in denials)
             return Decision("denied", False, message, decisions=decisions, warnings=warnings, denial=message)
 
-        patch = diff(pod, intended)
+        patch = quick_diff(pod, intended)
+        if not patch and intended is not pod:
+            patch = diff(pod, intended)  # a change == cannot see (1 to true) is still a change
         if not patch:
             reasons = "; ".join(f"{d.mutator}: {d.reason}" for d in decisions if not d.shadow)
             reasons = reasons or ("no mutator enforcing" if self.shadow else "no mutator enabled")
             return Decision("unchanged", True, reasons, decisions=decisions, warnings=warnings)
 
         problem = self._proof_problem(pod, patch, intended)
+        if problem:
+            # quick_diff trusts ==, which calls 1 and true equal; diff compares as JSON does.
+            exact = diff(pod, intended)
+            if exact != patch:
+                patch, problem = exact, self._proof_problem(pod, exact, intended)
         if problem:
             log.error("patch withheld for request uid %s: %s", request.uid, problem)
             return Decision(
@@ -210,10 +217,12 @@ class Engine:
             prove(original, patch, intended)
         except PatchProofError as error:
             return str(error)
-        introduced = extended_resource_violations(intended) - extended_resource_violations(original)
+        introduced = introduced_violations(original, intended)
         # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
         # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
-        introduced |= scheduling_violations(intended) - scheduling_violations(original)
+        placement = scheduling_violations(intended)
+        if placement:  # the original is walked only when the result has a violation at all
+            introduced |= placement - scheduling_violations(original)
         if introduced:
             return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
         return None

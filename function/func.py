@@ -28,18 +28,30 @@ import functions_framework
 from cloudevents.http import CloudEvent
 from functions_framework import aio
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from function.app import build_webhook, build_webhook_and_recorder
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
 from function.audit.recorder import AuditRecorder
 from function.audit.shutdown import Receive, Scope, Send
-from function.contract import MAX_BODY_BYTES
+from function.contract import LARGE_BODY_BYTES, LARGE_REVIEWS_ENV, MAX_BODY_BYTES
 from function.http_api import HttpReply, WebhookHttp
+from function.offload import LargeReviews
 
 # Built at import: a bad configuration stops the server from starting, with the key named.
 webhook = build_webhook()
+
+_large_reviews: LargeReviews | None = None
+
+
+def large_reviews() -> LargeReviews:
+    # Started on the first large review, in the serving process: importing this module (tests,
+    # functions-framework's loader) starts no process.
+    global _large_reviews
+    if _large_reviews is None:
+        _large_reviews = LargeReviews()
+    return _large_reviews
 
 
 def _declared_too_large(content_length: str | int | None) -> bool:
@@ -68,7 +80,28 @@ def _starlette(reply: HttpReply) -> Response:
 
 @aio.http
 async def mutate(request: Request) -> Response:
-    body = await _read_limited(request) if request.method == "POST" else b""
+    try:
+        body = await _read_limited(request) if request.method == "POST" else b""
+    except ClientDisconnect:
+        # The client left (or the server gave up on a body arriving too slowly, see
+        # function/server.py): nobody is there to read an answer; the server drops this one.
+        return Response(status_code=408)
+    if (
+        body is not None
+        and len(body) > LARGE_BODY_BYTES
+        and os.environ.get(LARGE_REVIEWS_ENV) == "process"
+        and webhook.is_review(request.method, request.url.path)
+    ):
+        # A large Pod would stall every other request on this event loop for up to a second:
+        # it is decided in the large-review process instead (function/offload.py).
+        try:
+            outcome = await asyncio.wrap_future(large_reviews().submit(body))
+        except Exception:  # a dead child must not fail the review: decide it here instead
+            logging.getLogger("castslice.offload").exception(
+                "large-review process failed; deciding in-process"
+            )
+            return _starlette(webhook.handle(request.method, request.url.path, body))
+        return _starlette(webhook.recorded(*outcome))
     return _starlette(webhook.handle(request.method, request.url.path, body))
 
 

@@ -7,11 +7,12 @@ a non-200 makes the apiserver apply failurePolicy instead of our answer.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from function.admission import Admission
 from function.contract import (
@@ -22,7 +23,8 @@ from function.contract import (
     READYZ_PATH,
     VALIDATE_PODMUTATIONS_PATH,
 )
-from function.wire import BadReview, parse_review
+from function.engine import Decision
+from function.wire import AdmissionReview, BadReview, parse_review
 
 log = logging.getLogger("castslice.http")
 
@@ -38,7 +40,7 @@ class HttpReply:
 
 
 def json_reply(status: int, payload: object, headers: dict[str, str] | None = None) -> HttpReply:
-    return HttpReply(status, json.dumps(payload, separators=(",", ":")).encode(), JSON, headers or {})
+    return HttpReply(status, orjson.dumps(payload), JSON, headers or {})
 
 
 def problem(status: int, message: str, headers: dict[str, str] | None = None) -> HttpReply:
@@ -93,6 +95,21 @@ class WebhookHttp:
                 return problem(404, "metrics are not enabled")
             return HttpReply(200, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
         return problem(404, f"no such path: {path}")
+
+    def is_review(self, method: str, path: str) -> bool:
+        return method == "POST" and path in MUTATE_PATHS
+
+    def recorded(
+        self, status: int, body: bytes, review: dict[str, Any] | None, decision: Decision | None
+    ) -> HttpReply:
+        """A reply decided elsewhere (function/offload.py), recorded here as ``mutate`` records:
+        ``review`` is the slim review the recorder reads, None for a 400."""
+        if review is not None:
+            try:
+                self.admission.recorder.record(AdmissionReview.model_validate(review), decision)
+            except Exception:  # recording must never turn an answer into a failure
+                log.exception("recording a large review's decision failed")
+        return HttpReply(status, body)
 
     def mutate(self, body: bytes) -> HttpReply:
         try:

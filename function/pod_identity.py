@@ -24,7 +24,9 @@ def _part(value: object) -> str:
 
 
 def _owner(metadata: dict[str, Any]) -> str:
-    owners = [o for o in metadata.get("ownerReferences") or () if isinstance(o, dict)]
+    listed = metadata.get("ownerReferences")
+    # Only a list holds owners: anything else (no apiserver sends it) names no owner.
+    owners = [o for o in listed if isinstance(o, dict)] if isinstance(listed, list) else []
     chosen = next((o for o in owners if o.get("controller") is True), owners[0] if owners else None)
     if chosen is None:
         return ""

@@ -56,3 +56,16 @@ def extended_resource_violations(pod: dict[str, Any]) -> set[str]:
             elif len(values) == 2 and values["limits"] != values["requests"]:
                 problems.add(f"{where}: {name} request must equal its limit")
     return problems
+
+
+def introduced_violations(original: dict[str, Any], result: dict[str, Any]) -> set[str]:
+    """The violations ``result`` has and ``original`` has not, in containers the original kept
+    within the rules. A container the apiserver rejects already (say, ``limits: 1.0``, which no
+    apiserver sends but a hostile client can) is not made any more rejectable by a mutation; a
+    valid container is always held to every rule."""
+    after = extended_resource_violations(result)
+    if not after:
+        return after  # the common case: one walk, the original's violations never needed
+    before = extended_resource_violations(original)
+    broken = {problem.split(": ", 1)[0] for problem in before}
+    return {problem for problem in after - before if problem.split(": ", 1)[0] not in broken}

@@ -10,12 +10,13 @@ not know, and a patch built from it would remove them from the user's Pod). The 
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from function.contract import MAX_JSON_DEPTH, MAX_QUOTED_CHARS
 from function.patch import Operation
 from function.pod import cap_warning
 
@@ -96,8 +97,28 @@ def json_type(value: object) -> str:
     )
 
 
+def quoted(value: object) -> str:
+    """Client input quoted in an error message (the reply and the log line): a string or number
+    cut to MAX_QUOTED_CHARS, anything else named by its JSON type, never echoed whole."""
+    if isinstance(value, str):
+        if len(value) > MAX_QUOTED_CHARS:
+            return repr(value[:MAX_QUOTED_CHARS]) + f"... ({len(value)} characters)"
+        return repr(value)
+    if value is None or isinstance(value, bool | int | float):
+        text = repr(value)
+        if len(text) > MAX_QUOTED_CHARS:  # a huge int has no repr past 4,300 digits anyway
+            return f"a number of {len(text)} characters"
+        return text
+    return f"a JSON {json_type(value)}"
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    # A location may hold a client's key (an unknown field): cut each part like any quoted input.
+    return ".".join(str(part)[:MAX_QUOTED_CHARS] for part in loc)
+
+
 def _field_problem(item: Any) -> str:
-    where = ".".join(str(part) for part in item["loc"])
+    where = _where(item["loc"])
     kind = item["type"]
     if kind == "missing":
         return f"{where} is missing"
@@ -105,34 +126,51 @@ def _field_problem(item: Any) -> str:
         return f"{where} is not a field of AdmissionReview"
     if kind in ("literal_error", "enum"):
         expected = item["ctx"].get("expected", "one of the accepted values")
-        return f"{where} must be {expected} (got {item['input']!r})"
+        return f"{where} must be {expected} (got {quoted(item['input'])})"
     if kind == "string_too_short":
         return f"{where} must not be empty"
     if kind.startswith("string"):
         return f"{where} must be a string (got {json_type(item['input'])})"
     if kind.startswith("bool"):
-        return f"{where} must be true or false (got {item['input']!r})"
-    return f"{where}: {item['msg']}"
+        return f"{where} must be true or false (got {quoted(item['input'])})"
+    return f"{where}: {item['msg'][:MAX_QUOTED_CHARS]}"
+
+
+TOO_DEEP = f"body is nested too deeply: more than {MAX_JSON_DEPTH} levels of arrays and objects"
+
+
+def load_json(body: bytes) -> Any:
+    """The body as JSON, strictly: orjson (C) refuses NaN and Infinity, which are not JSON and
+    which the apiserver never sends, and numbers out of float range; then one nesting limit,
+    MAX_JSON_DEPTH, checked here for every body, so nothing deeper reaches the engine."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        if "depth limit" in str(error):  # orjson's decoder stops at 1024 levels
+            raise BadReview(TOO_DEEP) from None
+        raise BadReview(f"body is not JSON: {str(error)[:MAX_QUOTED_CHARS]}") from None
+    if isinstance(data, dict | list):
+        try:
+            # orjson's encoder refuses more than 254 levels: the cheapest exact depth check there is
+            # (C, a few microseconds for a typical review). The limit itself is MAX_JSON_DEPTH.
+            orjson.dumps(data)
+        except orjson.JSONEncodeError:
+            raise BadReview(TOO_DEEP) from None
+    return data
 
 
 def parse_review(body: bytes) -> AdmissionReview:
     """Parse and validate a request body, raising BadReview with a precise message."""
     if not body or not body.strip():
         raise BadReview("empty body: expected an AdmissionReview JSON object")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise BadReview(f"body is not JSON: {error}") from None
-    except RecursionError:
-        raise BadReview("body is not usable JSON: nested too deeply") from None
+    data = load_json(body)
     if not isinstance(data, dict):
         raise BadReview(f"body must be a JSON object (an AdmissionReview), got a JSON {json_type(data)}")
     if data.get("kind") != "AdmissionReview":
-        raise BadReview(f"kind must be 'AdmissionReview' (got {data.get('kind')!r})")
+        raise BadReview(f"kind must be 'AdmissionReview' (got {quoted(data.get('kind'))})")
     if data.get("apiVersion") not in SUPPORTED_VERSIONS:
-        raise BadReview(
-            f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)} (got {data.get('apiVersion')!r})"
-        )
+        got = quoted(data.get("apiVersion"))
+        raise BadReview(f"apiVersion must be one of {', '.join(SUPPORTED_VERSIONS)} (got {got})")
     if "request" not in data:
         raise BadReview("request is missing: an AdmissionReview sent to a webhook carries a request")
     if not isinstance(data["request"], dict):
@@ -141,12 +179,12 @@ def parse_review(body: bytes) -> AdmissionReview:
         review = AdmissionReview.model_validate(data)
     except ValidationError as error:
         raise BadReview(
-            "invalid AdmissionReview: " + "; ".join(_field_problem(e) for e in error.errors())
+            "invalid AdmissionReview: " + "; ".join(_field_problem(e) for e in error.errors()[:5])
         ) from None
     if review.request.is_pod_create():
         pod = review.request.object
         if not isinstance(pod, dict) or pod.get("kind") != "Pod" or not isinstance(pod.get("spec"), dict):
-            got = f"kind {pod.get('kind')!r}" if isinstance(pod, dict) else json_type(pod)
+            got = f"kind {quoted(pod.get('kind'))}" if isinstance(pod, dict) else json_type(pod)
             if isinstance(pod, dict) and pod.get("kind") == "Pod":
                 got = "a Pod without a spec object"
             raise BadReview(
@@ -174,7 +212,7 @@ class AdmissionResponse:
     def as_dict(self) -> dict[str, Any]:
         response: dict[str, Any] = {"uid": self.uid, "allowed": self.allowed}
         if self.patch:
-            encoded = json.dumps(list(self.patch), separators=(",", ":")).encode()
+            encoded = orjson.dumps(self.patch)
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(encoded).decode()
         if not self.allowed:

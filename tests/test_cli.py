@@ -48,7 +48,7 @@ def test_version(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])
     assert done.value.code == 0
-    assert out.getvalue() == f"castslice {version('castslice')} (engine {ENGINE_VERSION})\n"
+    assert out.getvalue() == f"castslice {version('function')} (engine {ENGINE_VERSION})\n"
 
 
 def all_actions(parser: argparse.ArgumentParser, where: str = "castslice") -> Iterator[tuple[str, Any]]:

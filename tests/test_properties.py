@@ -101,7 +101,9 @@ def containers(draw: Any, prefix: str) -> list[dict[str, Any]]:
 
 annotation_values = {
     "castops.io/optimize": st.sampled_from(["true", "True", "false", ""]),
-    "castops.io/slice-ratio": st.sampled_from(["1", "3", "8", "0", "-3", "1.5", "abc", "", "1001"]),
+    "castops.io/slice-ratio": st.sampled_from(
+        ["1", "3", "8", "08", "+8", "0", "-3", "1.5", "abc", "", "1001"]
+    ),
     "castops.io/workload-type": st.sampled_from(
         ["training", "inference", "batch", "dev", "a", "simulation", ""]
     ),

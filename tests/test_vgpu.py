@@ -152,7 +152,7 @@ def test_scheduler_names_follow_hamis_rules(
 ) -> None:
     spec = {} if scheduler is None else {"schedulerName": scheduler}
     result, out = run(
-        pod(container(**GPU), **spec),
+        pod(container(**GPU, **MEM), **spec),  # not a whole GPU: only the scheduler may change
         forceOverwriteDefaultScheduler=force_default,
         forceSchedulerName=force_any,
     )

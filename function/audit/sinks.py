@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TextIO
 from urllib.parse import quote, urlsplit
 
+import orjson
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 
@@ -54,7 +55,15 @@ DELIVERED = SendResult(True)
 
 
 def _compact_json(data: Any) -> bytes:
-    # ASCII (non-ASCII escaped): a line stays writable whatever stdout's encoding is.
+    # ASCII (non-ASCII escaped): a line stays writable whatever stdout's encoding is. orjson (C)
+    # writes the same compact JSON several times faster, on the admission path's CPU; only an
+    # event with non-ASCII text (rare: names and reasons are ASCII) takes the escaping encoder.
+    try:
+        encoded = orjson.dumps(data)
+    except TypeError:  # orjson.JSONEncodeError: a value orjson cannot write (an int beyond 64 bits)
+        encoded = b"\x80"
+    if encoded.isascii():
+        return encoded
     return json.dumps(data, separators=(",", ":")).encode()
 
 

@@ -2,7 +2,7 @@
 
 Semantics from the CastSlice design (seed 000):
 - ``castops.io/optimize`` must be exactly ``"true"``; anything else is as if absent;
-- the slice count is ``castops.io/slice-ratio`` (a positive integer), else the preset of
+- the slice count is ``castops.io/slice-ratio`` (a whole number; see slice_ratio.py), else the preset of
   ``castops.io/workload-type``, else ``defaultSlices`` (1);
 - in every init, app and ephemeral container, the source resource (``nvidia.com/gpu``) is removed
   and the target (``nvidia.com/gpu-shared``) set to the slice count, in limits *and* requests:
@@ -15,7 +15,6 @@ the count those resources qualify, and the vGPU mutator would add it back (see d
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +31,7 @@ from function.configtypes import (
 )
 from function.mutators.base import MutatorResult, RequestContext
 from function.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
+from function.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.pod import (
     Pod,
     annotations_of,
@@ -47,8 +47,6 @@ from function.quantity import QuantityError, parse_quantity
 OPTIMIZE = "castops.io/optimize"
 WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
-
-_POSITIVE_INTEGER = re.compile(r"[1-9][0-9]*")  # used with fullmatch: "4\n" is not 4
 
 
 DEFAULT_PRESETS: Mapping[str, int] = MappingProxyType({"training": 4, "inference": 2, "batch": 2, "dev": 1})
@@ -155,8 +153,9 @@ class GpuSlicing:
         if SLICE_RATIO in annotations:
             raw = annotations[SLICE_RATIO]
             limit = self.config.maxSliceRatio
-            if not isinstance(raw, str) or not _POSITIVE_INTEGER.fullmatch(raw) or int(raw) > limit:
-                raise InvalidAnnotation(SLICE_RATIO, raw, f"a whole number from 1 to {limit}")
+            slices = parse_slice_ratio(raw, limit)
+            if slices is None:
+                raise InvalidAnnotation(SLICE_RATIO, raw, accepted(limit), accepted_short(limit))
             warnings: tuple[str, ...] = ()
             try:
                 self._check_workload_type(annotations)
@@ -164,20 +163,28 @@ class GpuSlicing:
                 # slice-ratio takes priority (the seed): slice, but say the workload type is a typo.
                 warnings = (
                     fit_warning(
-                        f"castslice: {WORKLOAD_TYPE}={shown(typo.value)} unknown (slice-ratio {raw} applies)",
+                        f"castslice: {WORKLOAD_TYPE}={shown(typo.value)} unknown"
+                        f" (slice-ratio {slices} applies)",
                         f"; use {self._presets_short}",
                     ),
                 )
-            return int(raw), f"{SLICE_RATIO}={raw}", warnings
+            # "08" and "+8" mean 8: the reason shows both what the Pod said and how it was read.
+            origin = (
+                f"{SLICE_RATIO}={raw}"
+                if raw == str(slices)
+                else f"{SLICE_RATIO}={shown(raw)}, read as {slices}"
+            )
+            return slices, origin, warnings
         if WORKLOAD_TYPE in annotations:
             workload = self._check_workload_type(annotations)
             return self.config.presets[workload], f"{WORKLOAD_TYPE}={workload} preset", ()
         return self.config.defaultSlices, "default", ()
 
     def _check_workload_type(self, annotations: dict[str, object]) -> str:
-        workload = annotations.get(WORKLOAD_TYPE)
-        if workload is None:
+        if WORKLOAD_TYPE not in annotations:
             return ""
+        # Present but null (or any non-string) is a bad value, not an absent annotation.
+        workload = annotations[WORKLOAD_TYPE]
         if not isinstance(workload, str) or workload not in self.config.presets:
             raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text, self._presets_short)
         return workload

@@ -14,15 +14,20 @@ Semantics of HAMi's current webhook (``pkg/scheduler/webhook.go``, ``pkg/device/
   ``NVIDIA_VISIBLE_DEVICES=none``;
 - a vGPU Pod with a privileged container is denied, naming the container (``denyPrivileged: false``
   restores HAMi's old behaviour: privileged containers are skipped, with a warning here);
+- a container taking whole GPUs (the count, no memory size, no cores, no memory percentage below
+  100) gets the device's cores resource at 100, so the vGPU scheduler books the compute as
+  exclusive (HAMi PR #1354; the rule is in exclusive_cores.py), per device entry
+  (``defaultExclusiveCores``, on for NVIDIA as in HAMi);
 - a vGPU Pod with ``spec.nodeName`` is denied; otherwise its schedulerName becomes the vGPU scheduler.
 
 Where CastSlice differs from HAMi, deliberately: values are checked (whole numbers; the memory
 percentage and the cores from 0 to 100, where HAMi clamps cores over 100) under the
 ``invalidAnnotations`` policy instead of reaching the scheduler; the default count goes into
-requests and limits alike (the apiserver wants them equal); nothing is appended twice (HAMi appends
-env vars blindly, its webhook is never reinvoked; ours can be); memory, percentage or cores make a
-vGPU Pod even with ``defaultCount: 0``; HAMi's namespace quota check and
-runtimeClassName/core-policy injection need cluster state or belong to its device plugin: not here.
+requests and limits alike (the apiserver wants them equal), and so do the exclusive cores; a count
+of 0 gets no cores; nothing is appended twice (HAMi appends env vars blindly, its webhook is never
+reinvoked; ours can be); memory, percentage or cores make a vGPU Pod even with ``defaultCount: 0``;
+HAMi's namespace quota check and runtimeClassName/core-policy injection need cluster state or belong
+to its device plugin: not here. The full list, with reasons: docs/vgpu.md.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from function.configtypes import (
     check_resource_name,
 )
 from function.mutators.base import MutatorResult, RequestContext
+from function.mutators.exclusive_cores import EXCLUSIVE_CORES, whole_gpu_cores
 from function.mutators.registry import Claims, MutatorPlugin, Neighbours, OwnedResource, Settings
 from function.pod import (
     Pod,
@@ -80,6 +86,12 @@ class VgpuDevice(Strict):
     visibleDevicesEnv: str | None = None
     """With ``overwriteEnv``, a container with none of this device's resources (the priority aside)
     gets ``<env>=none``."""
+    defaultExclusiveCores: bool = False
+    """Give a container that takes whole GPUs of this device (a count with no memory size, or a
+    memory percentage of 100, and no cores) ``<coresResource>: 100``, so the vGPU scheduler books
+    the GPUs' compute as exclusive instead of 0 % of it (current HAMi, PR #1354). Left out, it is
+    what HAMi does: on for vendor ``nvidia`` with a coresResource, off for other vendors (HAMi does
+    it for NVIDIA only)."""
 
     @field_validator(
         "countResource", "memoryResource", "memoryPercentageResource", "coresResource", "priorityResource"
@@ -94,6 +106,24 @@ class VgpuDevice(Strict):
         if value is not None and not ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not a valid environment variable name")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hamis_exclusive_cores_default(cls, data: Any) -> Any:
+        # Resolved here rather than kept unset, so `castslice config show` prints what applies.
+        if isinstance(data, dict) and "defaultExclusiveCores" not in data:
+            nvidia = isinstance(data.get("vendor"), str) and data["vendor"].lower() == "nvidia"
+            data = {**data, "defaultExclusiveCores": nvidia and data.get("coresResource") is not None}
+        return data
+
+    @model_validator(mode="after")
+    def _exclusive_cores_need_a_cores_resource(self) -> VgpuDevice:
+        if self.defaultExclusiveCores and self.coresResource is None:
+            raise ValueError(
+                f"devices entry {self.vendor!r}: defaultExclusiveCores needs a coresResource (the "
+                "resource that carries the 100); set one or defaultExclusiveCores: false"
+            )
+        return self
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -235,6 +265,8 @@ class _Plan:
     vgpu: bool = False
     """Whether one of them makes a vGPU Pod: any but the priority resource."""
     add_counts: list[str] = field(default_factory=list)
+    add_cores: list[str] = field(default_factory=list)
+    """Cores resources set to EXCLUSIVE_CORES: the container takes whole GPUs of that device."""
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -404,12 +436,16 @@ class Vgpu:
             values = {name: self._check(plan, device, name) for name in mine}
             plan.asks.extend(mine)
             plan.vgpu = plan.vgpu or any(name != device.priorityResource for name in mine)
-            if (
+            adds_count = (
                 device.countResource not in asked
                 and self.config.defaultCount > 0
                 and any(name in asked for name in device.count_qualifiers)
-            ):
+            )
+            if adds_count:
                 plan.add_counts.append(device.countResource)
+            added = self.config.defaultCount if adds_count else 0
+            if device.defaultExclusiveCores and (cores := whole_gpu_cores(device, values, added)):
+                plan.add_cores.append(cores)
             if device.priorityResource in values:
                 # The first device of the table wins when two map to the same env var.
                 plan.env.setdefault(self.config.priorityEnv, str(values[device.priorityResource]))
@@ -421,7 +457,8 @@ class Vgpu:
     def _check(self, plan: _Plan, device: VgpuDevice, name: str) -> int:
         """The resource's value as an integer (limits first): BadValue unless every value given is a
         whole number, from 0 to 100 for the memory percentage and the cores (a share of the device's
-        compute in percent; HAMi clamps larger values, we refuse them)."""
+        compute in percent; HAMi clamps larger values, we refuse them), below 2^63 for the others
+        (HAMi reads every quantity as an int64)."""
         percentage = name in (device.memoryPercentageResource, device.coresResource)
         accepted = "a whole number from 0 to 100" if percentage else "a whole number (0 or more)"
         short = "a whole number 0-100" if percentage else "a whole number >= 0"
@@ -437,6 +474,15 @@ class Vgpu:
                 raise bad from None
             if value.denominator != 1 or value < 0 or (percentage and value > 100):
                 raise bad
+            if value > INT64_MAX:
+                raise BadValue(
+                    plan.where,
+                    _short_name(plan.container),
+                    name,
+                    raw,
+                    "a whole number below 2^63",
+                    "a whole number < 2^63",
+                )
             if result is None:
                 result = int(value)
         assert result is not None  # only called for resources the container asks for
@@ -451,6 +497,11 @@ class Vgpu:
             for count in plan.add_counts:
                 set_resource(container, count, str(self.config.defaultCount))
                 done.append(f"{count}: {self.config.defaultCount} added to {plan.where}")
+            for cores in plan.add_cores:
+                set_resource(container, cores, str(EXCLUSIVE_CORES))
+                done.append(
+                    f"{cores}: {EXCLUSIVE_CORES} added to {plan.where} (whole GPU: exclusive compute)"
+                )
             existing = _env_by_name(container) if plan.env else None
             if existing is None:
                 continue
@@ -469,14 +520,18 @@ class Vgpu:
                     done.append(f"{env_name}={value} in {plan.where}")
                 else:
                     env[max(i for i, item in enumerate(env) if item is entry)] = wanted
-                    done.append(f"{env_name}={value} in {plan.where} (was {_env_value(entry)})")
+                    # Never quote the value replaced: an env value may be a secret, and this
+                    # phrase goes into the reason, the audit event and the logs.
+                    done.append(f"{env_name}={value} in {plan.where} (replaces the Pod's {_env_kind(entry)})")
         return done
 
 
-def _env_value(entry: dict[str, Any]) -> str:
-    if "valueFrom" in entry:
-        return "valueFrom"
-    return shown(entry.get("value", ""))
+INT64_MAX = 2**63 - 1
+"""HAMi reads vGPU quantities as int64: a larger value is bad input (and has no decimal string)."""
+
+
+def _env_kind(entry: dict[str, Any]) -> str:
+    return "valueFrom" if "valueFrom" in entry else "value"
 
 
 def _build(config: VgpuConfig, settings: Settings, neighbours: Neighbours) -> Vgpu:

@@ -437,6 +437,15 @@ def test_vgpu_pod_goes_to_the_vgpu_scheduler_with_priority_env(cluster: dict[str
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
 
 
+def test_whole_gpu_vgpu_pod_is_stored_with_exclusive_cores(cluster: dict[str, Any]) -> None:
+    """HAMi PR #1354: a whole GPU books its compute as exclusive (gpucores 100), limits and requests."""
+    cluster["core"].create_namespaced_pod(VGPU_NS, pod("whole-gpu", limits={"nvidia.com/gpu": "1"}))
+    result = stored(cluster, VGPU_NS, "whole-gpu")
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+    assert resources_of(result)["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}
+    assert resources_of(result)["requests"] == {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}
+
+
 def test_vgpu_pod_with_node_name_is_denied(cluster: dict[str, Any]) -> None:
     from kubernetes.client.exceptions import ApiException
 
