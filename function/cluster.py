@@ -38,12 +38,15 @@ import yaml
 Record = Any
 """A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
 
-DECISION_ANNOTATION = "castops.io/placement-decision"
-"""Same literal as ``function.placement.DECISION_ANNOTATION``."""
+# The keys the webhook writes on the Pods it places and reads back through the view. They are
+# defined here, once, and imported by the mutators that write them (placement, pod mutations), so a
+# Pod's part in a split costs a few short strings in the view, not its whole label map.
 PLACEMENT_LABEL = "castops.io/placement"
-"""The label the spot placement mutator writes on a Pod it placed (``spot`` / ``on-demand``).
-The same literal as ``function.placement.PLACEMENT_LABEL`` (branch issue-place); it is read here so
-a Pod's placement costs one short string in the view, not its whole label map."""
+"""The label the spot placement mutator writes on a Pod it placed (``spot`` / ``on-demand``)."""
+DECISION_ANNOTATION = "castops.io/placement-decision"
+"""The admission uid of the decision that placed a Pod (the edge matches its recent decisions by it)."""
+MUTATION_GROUP_ANNOTATION = "castops.io/pod-mutation-group"
+"""The PodMutation distribution group chosen for a Pod (its siblings are counted by it)."""
 
 
 # -- slim records ---------------------------------------------------------------------------------
@@ -74,6 +77,8 @@ class PodRecord(NamedTuple):
     decision: str = ""
     """The value of DECISION_ANNOTATION: the admission uid of the spot decision that placed the Pod,
     so the spot mutator can tell which of its process's recent decisions the view already shows."""
+    group: str = ""
+    """The value of MUTATION_GROUP_ANNOTATION: the PodMutation distribution group it was given."""
 
 
 class ReplicaSetRecord(NamedTuple):
@@ -135,6 +140,8 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
     labels = metadata.get("labels")
     placement = labels.get(PLACEMENT_LABEL) if isinstance(labels, Mapping) else None
     annotations = metadata.get("annotations")
+    if not isinstance(annotations, Mapping):
+        annotations = {}
     return PodRecord(
         namespace=_interned(metadata.get("namespace")),
         name=_text(metadata.get("name")),
@@ -142,7 +149,8 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
         owner=controller_of(metadata),
         placement=_interned(placement),
         terminating=metadata.get("deletionTimestamp") is not None,
-        decision=_text(annotations.get(DECISION_ANNOTATION)) if isinstance(annotations, Mapping) else "",
+        decision=_text(annotations.get(DECISION_ANNOTATION)),
+        group=_interned(annotations.get(MUTATION_GROUP_ANNOTATION)),
     )
 
 

@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+# Re-exported: the mutators write the keys the view reads back; the view defines them once.
+from function.cluster import DECISION_ANNOTATION as DECISION_ANNOTATION
+from function.cluster import PLACEMENT_LABEL as PLACEMENT_LABEL
+
 Pod = dict[str, Any]
 
-PLACEMENT_LABEL: Final = "castops.io/placement"
-"""The label every Pod placed by the spot mutator carries; its value is a ``Placement``."""
-DECISION_ANNOTATION: Final = "castops.io/placement-decision"
-"""The admission uid of the decision that placed a Pod (the edge matches its recent decisions by it)."""
 SPOT: Final = "spot"
 ON_DEMAND: Final = "on-demand"
 Placement = Literal["spot", "on-demand"]

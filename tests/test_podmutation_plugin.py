@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from function import cli
-from function.cluster import Owner, PodRecord, StaticView
+from function.cluster import Owner, PodRecord, StaticView, slim_pod
 from function.config import parse_config
 from function.engine import Engine
 from function.mutators.base import RequestContext
@@ -140,6 +140,30 @@ def test_deployment_pods_match_through_the_replicaset_in_the_view() -> None:
         "api-6d4b-x", owner=("ReplicaSet", "api-6d4b", "rs-uid")
     )  # no pod-template-hash: the view decides
     assert decide(engine(), p, cluster).mutated_pod["metadata"]["labels"] == {"k": "d"}
+
+
+def test_distribution_groups_count_siblings_the_view_kept_of_earlier_pods() -> None:
+    """Each admitted Pod's own metadata, slimmed as the watch slims it, is what the next decision
+    counts: the groups' shares hold across a scale-up, not only inside one review."""
+    mutation = pm(
+        "groups",
+        {
+            "distributionGroups": [
+                {"name": "a", "percentage": 50, "configuration": {"spotMode": "only-spot"}},
+                {"name": "b", "percentage": 30},
+            ]
+        },
+    )
+    admitted: list[Any] = []
+    for i in range(10):
+        new = pod(f"api-{i}", owner=("ReplicaSet", "api", "rs-uid"))
+        decision = decide(engine(), new, view(mutation, pods=tuple(admitted)))
+        stored = decision.mutated_pod
+        stored["metadata"]["uid"] = f"pod-{i}"  # as the apiserver stores it
+        admitted.append(slim_pod(stored))
+    groups = [record.group for record in admitted]
+    assert (groups.count("a"), groups.count("b"), groups.count("none")) == (5, 3, 2)
+    assert siblings_of(pod(owner=("ReplicaSet", "api", "rs-uid")), view(mutation, pods=tuple(admitted))).groups
 
 
 def test_spot_split_counts_siblings_from_the_view() -> None:

@@ -111,6 +111,7 @@ def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
     if not owner.uid or not view.available:
         return Siblings()
     spot = on_demand = unplaced = 0
+    groups: list[str] = []
     for record in view.group(PODS.index, owner.uid).values():
         if getattr(record, "terminating", False):
             continue
@@ -118,7 +119,10 @@ def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
         spot += placement == "spot"
         on_demand += placement == "on-demand"
         unplaced += placement not in ("spot", "on-demand")
-    return Siblings(SiblingCounts(spot=spot, on_demand=on_demand, unplaced=unplaced))
+        group = getattr(record, "group", "")
+        if group:
+            groups.append(group)
+    return Siblings(SiblingCounts(spot=spot, on_demand=on_demand, unplaced=unplaced), tuple(groups))
 
 
 def loaded_mutations(view: ClusterView, castai: bool) -> tuple[list[CompiledMutation], list[InvalidMutation]]:

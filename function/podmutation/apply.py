@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from function.cluster import MUTATION_GROUP_ANNOTATION
 from function.patch import copy_json
 from function.placement import (
     CASTAI,
@@ -34,8 +35,8 @@ from function.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
 
 MARK_ANNOTATION = "castops.io/pod-mutation"
 """``<name>/<generation>`` of the PodMutation applied to this Pod."""
-GROUP_ANNOTATION = "castops.io/pod-mutation-group"
-"""The distribution group chosen for this Pod (siblings are counted by it)."""
+GROUP_ANNOTATION = MUTATION_GROUP_ANNOTATION
+"""The distribution group chosen for this Pod (siblings are counted by it, through the view)."""
 
 NODE_AFFINITY = "nodeAffinity"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
