@@ -45,19 +45,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config:
         os.environ["CASTSLICE_CONFIG"] = args.config
     try:
-        load_config()  # fail fast, before gunicorn forks, with the bad key named
+        config = load_config()  # fail fast, before gunicorn forks, with the bad key named
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
     from function.audit.shutdown import drain_on_shutdown
+    from function.watch import watches_for
 
     # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
     app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
     # idle limits and a shutdown that answers every request received (function/server.py).
     options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}
-    # Large reviews off the event loop, in a child process of the worker (function/offload.py).
-    os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
+    # Large reviews off the event loop, in a child process of the worker (function/offload.py),
+    # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
+    # empty view would silently skip the PodMutations or spot counts that apply to it.
+    if not watches_for(config):
+        os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
     if args.tls_cert:
         from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

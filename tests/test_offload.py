@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -121,3 +122,30 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
     assert all(took < 5 for _, took in results), results  # the apiserver's default timeout... ours
     assert small_answers >= 5  # the loop kept answering while the large reviews were decided
     assert len(events()) == 2 + small_answers  # the large ones are recorded by the worker too
+
+
+@pytest.mark.parametrize(("config", "offloaded"), [("{}", True), ("podMutations: {enabled: true}", False)])
+def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, config: str, offloaded: bool
+) -> None:
+    """The large-review process has no cluster view: with a mutator that reads the cluster on,
+    large Pods stay on the event loop rather than being decided on an empty view."""
+    import functions_framework._http
+    import functions_framework.aio
+
+    from function import cli
+    from function.contract import LARGE_REVIEWS_ENV
+
+    class NoServer:
+        def run(self, host: str, port: int) -> None:
+            return None
+
+    monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
+    # No app either: building it would start the watches, which need a cluster.
+    monkeypatch.setattr(functions_framework.aio, "create_asgi_app", lambda *a, **k: object())
+    monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
+    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    assert cli.main(["serve", "--config", str(path), "--port", "0"]) == 0
+    assert (os.environ.get(LARGE_REVIEWS_ENV) == "process") is offloaded
