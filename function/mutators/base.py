@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from function.cluster import EMPTY_VIEW, ClusterView
-from function.pod import Pod
+from function.pod import Pod, fit_warning, shown
 
 
 class Action(StrEnum):
@@ -86,3 +86,34 @@ class Mutator(Protocol):
     name: str
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult: ...
+
+
+class InvalidAnnotation(Exception):
+    """A Pod carries an annotation value a mutator cannot act on. Under ``invalidAnnotations: deny``
+    the ``message`` is the denial (it names the annotation, the value and what is accepted); under
+    ``warn`` the ``warning`` says what was ignored and keeps the advice within 120 characters."""
+
+    def __init__(
+        self, annotation: str, value: object, accepted: str, accepted_short: str = "", consequence: str = ""
+    ) -> None:
+        self.annotation = annotation
+        self.value = value
+        self.accepted = accepted
+        self.accepted_short = accepted_short or accepted
+        self.consequence = consequence
+        """What ignoring it means for the Pod ("Pod not sliced"), for the warning."""
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return (
+            f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
+        )
+
+    @property
+    def warning(self) -> str:
+        # The head (what was found) is cut before the tail (what to do about it).
+        ignored = f"castslice: {self.annotation}={shown(self.value)} ignored"
+        if self.consequence:
+            ignored += f", {self.consequence}"
+        return fit_warning(ignored, f"; use {self.accepted_short}")

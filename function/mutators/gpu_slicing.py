@@ -29,7 +29,7 @@ from function.configtypes import (
     ResourceName,
     check_resource_name,
 )
-from function.mutators.base import MutatorResult, RequestContext
+from function.mutators.base import InvalidAnnotation, MutatorResult, RequestContext
 from function.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.pod import (
@@ -45,6 +45,7 @@ from function.pod import (
 from function.quantity import QuantityError, parse_quantity
 
 OPTIMIZE = "castops.io/optimize"
+NOT_SLICED = "Pod not sliced"
 WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
 
@@ -108,31 +109,6 @@ class GpuSlicingConfig(MutatorConfig):
         return self
 
 
-class InvalidAnnotation(Exception):
-    """An opted-in Pod carries an annotation value CastSlice cannot act on."""
-
-    def __init__(self, annotation: str, value: object, accepted: str, accepted_short: str = "") -> None:
-        self.annotation = annotation
-        self.value = value
-        self.accepted = accepted
-        self.accepted_short = accepted_short or accepted
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        return (
-            f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
-        )
-
-    @property
-    def warning(self) -> str:
-        # Warnings reach kubectl and are capped at 120 characters by the apiserver.
-        return fit_warning(
-            f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not sliced",
-            f"; use {self.accepted_short}",
-        )
-
-
 class GpuSlicing:
     name = "gpu-slicing"
 
@@ -155,7 +131,7 @@ class GpuSlicing:
             limit = self.config.maxSliceRatio
             slices = parse_slice_ratio(raw, limit)
             if slices is None:
-                raise InvalidAnnotation(SLICE_RATIO, raw, accepted(limit), accepted_short(limit))
+                raise InvalidAnnotation(SLICE_RATIO, raw, accepted(limit), accepted_short(limit), NOT_SLICED)
             warnings: tuple[str, ...] = ()
             try:
                 self._check_workload_type(annotations)
@@ -186,7 +162,9 @@ class GpuSlicing:
         # Present but null (or any non-string) is a bad value, not an absent annotation.
         workload = annotations[WORKLOAD_TYPE]
         if not isinstance(workload, str) or workload not in self.config.presets:
-            raise InvalidAnnotation(WORKLOAD_TYPE, workload, self._presets_text, self._presets_short)
+            raise InvalidAnnotation(
+                WORKLOAD_TYPE, workload, self._presets_text, self._presets_short, NOT_SLICED
+            )
         return workload
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from function.cluster import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec
 from function.configtypes import MutatorConfig, OnInvalidAnnotation
 from function.contract import FUNCTION_NAMESPACE
-from function.mutators.base import MutatorResult, RequestContext
+from function.mutators.base import InvalidAnnotation, MutatorResult, RequestContext
 from function.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.placement import (
     BUILTIN_SCHEMES,
@@ -60,10 +60,11 @@ from function.placement import (
     placement_of,
     spot_target,
 )
-from function.pod import Pod, annotations_of, fit_warning, labels_of, shown
+from function.pod import Pod, annotations_of, labels_of
 from function.podmutation.apply import marked_by
 
 LIFECYCLE = "scheduling.cast.ai/lifecycle"
+NOT_PLACED = "Pod not placed"
 SPOT_PERCENTAGE = "scheduling.cast.ai/spot-percentage"
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 PARTIAL_KINDS = ("ReplicaSet", "StatefulSet")
@@ -305,25 +306,6 @@ class LedgerEntry:
 # --- the decision ---------------------------------------------------------------------------------
 
 
-class BadAnnotation(Exception):
-    def __init__(self, annotation: str, value: object, accepted: str) -> None:
-        self.annotation, self.value, self.accepted = annotation, value, accepted
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        return (
-            f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
-        )
-
-    @property
-    def warning(self) -> str:
-        return fit_warning(
-            f"castslice: {self.annotation}={shown(self.value)} ignored, Pod not placed",
-            f"; use {self.accepted}",
-        )
-
-
 @dataclass(frozen=True)
 class Choice:
     """What the rules decided: a placement, and the rule (for the reason)."""
@@ -361,7 +343,7 @@ class Spot:
             return MutatorResult.mutated(f"DaemonSet Pod: spot toleration only ({account})")
         try:
             choice = self._choose(pod, ctx, str(namespace), owner)
-        except BadAnnotation as bad:
+        except InvalidAnnotation as bad:
             if self.deny_invalid:
                 return MutatorResult.denied(f"castslice: {bad.message}")
             return MutatorResult.unchanged(f"{bad.message}; Pod not placed", bad.warning)
@@ -412,12 +394,14 @@ class Spot:
         annotations = annotations_of(pod)
         lifecycle = annotations.get(LIFECYCLE)
         if lifecycle is not None and lifecycle not in (SPOT, ON_DEMAND):
-            raise BadAnnotation(LIFECYCLE, lifecycle, '"spot" or "on-demand"')
+            raise InvalidAnnotation(LIFECYCLE, lifecycle, '"spot" or "on-demand"', consequence=NOT_PLACED)
         raw_percentage = annotations.get(SPOT_PERCENTAGE)
         if raw_percentage is not None and (
             not isinstance(raw_percentage, str) or not _PERCENTAGE.fullmatch(raw_percentage)
         ):
-            raise BadAnnotation(SPOT_PERCENTAGE, raw_percentage, "a whole number from 1 to 99")
+            raise InvalidAnnotation(
+                SPOT_PERCENTAGE, raw_percentage, "a whole number from 1 to 99", consequence=NOT_PLACED
+            )
 
         for index, term in enumerate(self.config.on_demand_terms):
             if self._matches(term, pod, namespace, ctx):
