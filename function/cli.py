@@ -74,8 +74,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
     scheme = "https" if args.tls_cert else "http"
-    print(f"castslice serve: {TARGETS[args.target]} listening on {scheme}://{args.host}:{args.port}",
-          file=sys.stderr, flush=True)
+    print(
+        f"castslice serve: {TARGETS[args.target]} listening on {scheme}://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
     create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
     return 0
 
@@ -210,8 +213,15 @@ def cmd_mutate(args: argparse.Namespace) -> int:
 
     if args.output == "patch":
         patches = [
-            {"source": r.source, "index": r.index, "item": r.item, "kind": r.kind, "name": r.name,
-             "namespace": r.namespace, "patch": r.patch()}
+            {
+                "source": r.source,
+                "index": r.index,
+                "item": r.item,
+                "kind": r.kind,
+                "name": r.name,
+                "namespace": r.namespace,
+                "patch": r.patch(),
+            }
             for r in results
             if r.sites
         ]
@@ -327,16 +337,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         namespace = str((metadata or {}).get("namespace") or args.namespace)
         result = explain(found[0], namespace, loaded.valid)
         w = result.workload
-        print(f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
-              f"workload {w.kind}/{w.name} in namespace {w.namespace}")
+        print(
+            f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
+            f"workload {w.kind}/{w.name} in namespace {w.namespace}"
+        )
         if not result.selection.candidates:
             print("  no PodMutation matches")
             continue
         for place, candidate in enumerate(result.selection.candidates, start=1):
             tied = candidate in result.selection.tied
             mark = "winner" if place == 1 else "tied, lost by name" if tied else ""
-            print(f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
-                  f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else ""))
+            print(
+                f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
+                f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else "")
+            )
         print(f"  changes: {'; '.join(result.changes) or 'none'}")
         for op in result.patch:
             print(f"    {json.dumps(op, sort_keys=True)}")
@@ -408,9 +422,14 @@ def _rejected(store: Any, args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    _table(("RECEIVED", "ID", "TYPE", "SOURCE", "PROBLEMS"),
-           [(r["received_at"][:19] + "Z", r["id"], r["type"], r["source"], _short("; ".join(r["problems"])))
-            for r in rows], sys.stdout)
+    _table(
+        ("RECEIVED", "ID", "TYPE", "SOURCE", "PROBLEMS"),
+        [
+            (r["received_at"][:19] + "Z", r["id"], r["type"], r["source"], _short("; ".join(r["problems"])))
+            for r in rows
+        ],
+        sys.stdout,
+    )
     return 0
 
 
@@ -418,15 +437,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from function.audit.consumer import AuditStore, Query
 
     if args.db != ":memory:" and not Path(args.db).exists():
-        print(f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
-              file=sys.stderr)
+        print(
+            f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
+            file=sys.stderr,
+        )
         return 2
     store = AuditStore(args.db)
     try:
         if args.view == "rejected":
             return _rejected(store, args)
-        query = Query(args.since, args.until, args.namespace, args.outcome, args.mutator,
-                      args.limit if args.view == "list" else None)
+        query = Query(
+            args.since,
+            args.until,
+            args.namespace,
+            args.outcome,
+            args.mutator,
+            args.limit if args.view == "list" else None,
+        )
         if args.view == "list":
             events = store.events(query)
             if args.output == "json":
@@ -434,8 +461,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
                 return 0
             rows = [
-                (e["time"][:19] + "Z", e["outcome"], e["podnamespace"], e["subject"].rsplit("/", 1)[-1],
-                 e["mutators"], _short(e["data"]["reason"]))
+                (
+                    e["time"][:19] + "Z",
+                    e["outcome"],
+                    e["podnamespace"],
+                    e["subject"].rsplit("/", 1)[-1],
+                    e["mutators"],
+                    _short(e["data"]["reason"]),
+                )
                 for e in events
             ]
             _table(("TIME", "OUTCOME", "NAMESPACE", "POD", "MUTATORS", "REASON"), rows, sys.stdout)
@@ -455,15 +488,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print("\nby outcome", file=out)
     _table(("OUTCOME", "COUNT"), [(o, summary["byOutcome"][o]) for o in OUTCOMES], out)
     print("\nby namespace", file=out)
-    _table(("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
-           [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]], out)
+    _table(
+        ("NAMESPACE", "TOTAL", *(o.upper() for o in OUTCOMES)),
+        [(r["namespace"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byNamespace"]],
+        out,
+    )
     print("\nby mutator (each mutator's own action)", file=out)
-    _table(("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
-           [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"])
-            for r in summary["byMutator"]], out)
+    _table(
+        ("MUTATOR", "TOTAL", "MUTATED", "UNCHANGED", "DENIED"),
+        [(r["mutator"], r["total"], r["mutated"], r["unchanged"], r["denied"]) for r in summary["byMutator"]],
+        out,
+    )
     print(f"\nby {summary['byTime']['bucket']} (UTC)", file=out)
-    _table(("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
-           [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]], out)
+    _table(
+        ("START", "TOTAL", *(o.upper() for o in OUTCOMES)),
+        [(r["start"], r["total"], *(r[o] for o in OUTCOMES)) for r in summary["byTime"]["rows"]],
+        out,
+    )
     return 0
 
 
@@ -488,60 +529,102 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="castslice", description="GPU and spot admission webhook: serve it, or see what it would do."
     )
-    top.add_argument("--version", action="version", version=version_text(),
-                     help="print the version and exit (default: off)")
+    top.add_argument(
+        "--version",
+        action="version",
+        version=version_text(),
+        help="print the version and exit (default: off)",
+    )
     sub = top.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the function (functions-framework, ASGI)")
-    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"),
-                       help="address to listen on (default: $HOST, else 0.0.0.0)")
-    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)),
-                       help=f"port to listen on (default: $PORT, else {DEFAULT_PORT})")
-    serve.add_argument("--target", choices=sorted(TARGETS), default="mutate",
-                       help="what to serve: mutate, the admission webhook; audit, the reference "
-                       "audit consumer (default: mutate)")
+    serve.add_argument(
+        "--host",
+        default=os.environ.get("HOST", "0.0.0.0"),
+        help="address to listen on (default: $HOST, else 0.0.0.0)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("PORT", DEFAULT_PORT)),
+        help=f"port to listen on (default: $PORT, else {DEFAULT_PORT})",
+    )
+    serve.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default="mutate",
+        help="what to serve: mutate, the admission webhook; audit, the reference "
+        "audit consumer (default: mutate)",
+    )
     serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (default: none, plain HTTP)")
     serve.add_argument("--tls-key", help="PEM private key for --tls-cert (default: none)")
     serve.set_defaults(run=cmd_serve)
 
     mutate = sub.add_parser("mutate", help="apply the webhook to manifests offline")
-    mutate.add_argument("-f", "--filename", required=True,
-                        help="a YAML or JSON file (several documents allowed), a directory of them, "
-                        "or - for stdin (required, no default)")
-    mutate.add_argument("-R", "--recursive", action="store_true",
-                        help="with a directory, read its subdirectories too (default: off)")
-    mutate.add_argument("-o", "--output", choices=("yaml", "json", "patch"), default="yaml",
-                        help="yaml: the manifests, untouched documents byte for byte; json: a v1 List "
-                        "of the objects; patch: the JSON patch of each object (default: yaml)")
+    mutate.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        help="a YAML or JSON file (several documents allowed), a directory of them, "
+        "or - for stdin (required, no default)",
+    )
+    mutate.add_argument(
+        "-R",
+        "--recursive",
+        action="store_true",
+        help="with a directory, read its subdirectories too (default: off)",
+    )
+    mutate.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json", "patch"),
+        default="yaml",
+        help="yaml: the manifests, untouched documents byte for byte; json: a v1 List "
+        "of the objects; patch: the JSON patch of each object (default: yaml)",
+    )
     mutate.add_argument("--config", help=CONFIG_HELP)
-    mutate.add_argument("-n", "--namespace", default="default",
-                        help="namespace of objects that name none (default: default)")
-    mutate.add_argument("--cluster", metavar="STATE.yaml",
-                        help="cluster state for mutators that need it (spot's partial split): what "
-                        "kubectl get pods,replicasets -A -o yaml prints (default: none)")
+    mutate.add_argument(
+        "-n", "--namespace", default="default", help="namespace of objects that name none (default: default)"
+    )
+    mutate.add_argument(
+        "--cluster",
+        metavar="STATE.yaml",
+        help="cluster state for mutators that need it (spot's partial split): what "
+        "kubectl get pods,replicasets -A -o yaml prints (default: none)",
+    )
     mutate.set_defaults(run=cmd_mutate)
 
-    mutate.add_argument("--mutations", metavar="DIR",
-                        help="PodMutation documents (a file or a directory) to apply (default: none; "
-                        "PodMutations in the input count too)")
+    mutate.add_argument(
+        "--mutations",
+        metavar="DIR",
+        help="PodMutation documents (a file or a directory) to apply (default: none; "
+        "PodMutations in the input count too)",
+    )
     mutate.set_defaults(run=cmd_mutate)
 
     mutations = sub.add_parser("mutations", help="check PodMutation documents")
     mutations_sub = mutations.add_subparsers(dest="mutations_command", required=True)
     mutations_validate = mutations_sub.add_parser(
-        "validate", help="validate PodMutation files or directories")
-    mutations_validate.add_argument("files", nargs="+", metavar="FILE",
-                                    help="PodMutation files or directories (required)")
+        "validate", help="validate PodMutation files or directories"
+    )
+    mutations_validate.add_argument(
+        "files", nargs="+", metavar="FILE", help="PodMutation files or directories (required)"
+    )
     mutations_validate.set_defaults(run=cmd_mutations_validate)
 
     explain = sub.add_parser("explain", help="which PodMutations match a Pod, their rank, the winner")
-    explain.add_argument("-f", "--filename", required=True,
-                         help="YAML with Pods/workloads (and PodMutations), or - (required)")
-    explain.add_argument("--mutations", metavar="DIR",
-                         help="PodMutation documents, a file or a directory (default: those in -f only)")
-    explain.add_argument("-n", "--namespace", default="default",
-                         help="namespace of objects that name none (default: default)")
+    explain.add_argument(
+        "-f", "--filename", required=True, help="YAML with Pods/workloads (and PodMutations), or - (required)"
+    )
+    explain.add_argument(
+        "--mutations",
+        metavar="DIR",
+        help="PodMutation documents, a file or a directory (default: those in -f only)",
+    )
+    explain.add_argument(
+        "-n", "--namespace", default="default", help="namespace of objects that name none (default: default)"
+    )
     explain.set_defaults(run=cmd_explain)
 
     config = sub.add_parser("config", help="check or show the configuration")
@@ -558,25 +641,44 @@ def parser() -> argparse.ArgumentParser:
     audit = sub.add_parser(
         "audit", help="list or summarise the decision events the reference audit consumer stored"
     )
-    audit.add_argument("view", nargs="?", choices=AUDIT_VIEWS, default="summary",
-                       help="summary: counts by outcome, namespace, mutator, time; list: the events; "
-                       "rejected: the events the consumer refused, with why (default: summary)")
-    audit.add_argument("--db", default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
-                       help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})")
-    audit.add_argument("--since", type=parse_when,
-                       help="from this time: 15m, 2h, 7d ago, or an ISO time (default: the first event)")
-    audit.add_argument("--until", type=parse_when,
-                       help="before this time, same forms as --since (default: no end)")
+    audit.add_argument(
+        "view",
+        nargs="?",
+        choices=AUDIT_VIEWS,
+        default="summary",
+        help="summary: counts by outcome, namespace, mutator, time; list: the events; "
+        "rejected: the events the consumer refused, with why (default: summary)",
+    )
+    audit.add_argument(
+        "--db",
+        default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
+        help=f"SQLite file (default: ${AUDIT_DB_ENV}, else ./{DEFAULT_AUDIT_DB})",
+    )
+    audit.add_argument(
+        "--since",
+        type=parse_when,
+        help="from this time: 15m, 2h, 7d ago, or an ISO time (default: the first event)",
+    )
+    audit.add_argument(
+        "--until", type=parse_when, help="before this time, same forms as --since (default: no end)"
+    )
     audit.add_argument("-n", "--namespace", help="only Pods in this namespace (default: every namespace)")
     audit.add_argument("--outcome", choices=OUTCOMES, help="only this outcome (default: every outcome)")
-    audit.add_argument("--mutator",
-                       help="only decisions where this mutator acted, mutated or denied (default: any)")
-    audit.add_argument("--bucket", choices=sorted(BUCKETS), default="hour",
-                       help="summary time bucket (default: hour)")
-    audit.add_argument("--limit", type=int, default=100,
-                       help="list or rejected: at most this many, newest first (default: 100)")
-    audit.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                       help="table or json (default: table)")
+    audit.add_argument(
+        "--mutator", help="only decisions where this mutator acted, mutated or denied (default: any)"
+    )
+    audit.add_argument(
+        "--bucket", choices=sorted(BUCKETS), default="hour", help="summary time bucket (default: hour)"
+    )
+    audit.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="list or rejected: at most this many, newest first (default: 100)",
+    )
+    audit.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="table or json (default: table)"
+    )
     audit.set_defaults(run=cmd_audit)
     return top
 
@@ -595,8 +697,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # noqa: BLE001 - a bug: one line, a non-zero exit, traceback on request
-        print(f"castslice: internal error: {type(error).__name__}: {error} (a bug: please report it; "
-              "CASTSLICE_DEBUG=1 prints the traceback)", file=sys.stderr)
+        print(
+            f"castslice: internal error: {type(error).__name__}: {error} (a bug: please report it; "
+            "CASTSLICE_DEBUG=1 prints the traceback)",
+            file=sys.stderr,
+        )
         if os.environ.get("CASTSLICE_DEBUG") == "1":
             traceback.print_exc()
         return EXIT_INTERNAL

@@ -19,6 +19,11 @@ def test_ruff_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_ruff_format_is_clean() -> None:
+    done = run(str(BIN / "ruff"), "format", "--check", "function", "tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_mypy_is_clean_and_strict_on_the_pure_core() -> None:
     # pyproject.toml makes mypy strict on the pure core (engine, mutators, review, config...).
     done = run(sys.executable, "-m", "mypy", "function")

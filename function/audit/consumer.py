@@ -228,8 +228,14 @@ class AuditStore:
             with self._lock:
                 self._db.execute(
                     "INSERT INTO rejected VALUES (?, ?, ?, ?, ?, ?)",
-                    (received, _str_or_none(document.get("id")), _str_or_none(document.get("type")),
-                     _str_or_none(document.get("source")), json.dumps(problems), raw),
+                    (
+                        received,
+                        _str_or_none(document.get("id")),
+                        _str_or_none(document.get("type")),
+                        _str_or_none(document.get("source")),
+                        json.dumps(problems),
+                        raw,
+                    ),
                 )
             raise InvalidEvent(problems)
         data = document["data"]
@@ -237,10 +243,21 @@ class AuditStore:
         moment = _parse_time(document["time"])
         assert moment is not None  # checked by event_problems
         row = (
-            document["source"], document["id"], document["type"], data["outcome"], pod["namespace"],
-            pod["name"] or pod["generateName"] or "", format_time(moment), received, data["request"]["uid"],
-            int(data["allowed"]), data["reason"], document["mutators"], data["configDigest"],
-            data["engineVersion"], raw,
+            document["source"],
+            document["id"],
+            document["type"],
+            data["outcome"],
+            pod["namespace"],
+            pod["name"] or pod["generateName"] or "",
+            format_time(moment),
+            received,
+            data["request"]["uid"],
+            int(data["allowed"]),
+            data["reason"],
+            document["mutators"],
+            data["configDigest"],
+            data["engineVersion"],
+            raw,
         )
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -252,8 +269,10 @@ class AuditStore:
                 if stored:
                     self._db.executemany(
                         "INSERT OR REPLACE INTO event_mutators VALUES (?, ?, ?, ?, ?)",
-                        [(document["source"], document["id"], m["mutator"], m["action"], m["reason"])
-                         for m in data["mutators"]],
+                        [
+                            (document["source"], document["id"], m["mutator"], m["action"], m["reason"])
+                            for m in data["mutators"]
+                        ],
                     )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -325,13 +344,19 @@ class AuditStore:
                 {"namespace": r["namespace"], "total": int(r["total"]), **outcomes(r)} for r in by_namespace
             ],
             "byMutator": [
-                {"mutator": r["mutator"], "total": int(r["total"]), "mutated": int(r["mutated"] or 0),
-                 "unchanged": int(r["unchanged"] or 0), "denied": int(r["denied"] or 0)}
+                {
+                    "mutator": r["mutator"],
+                    "total": int(r["total"]),
+                    "mutated": int(r["mutated"] or 0),
+                    "unchanged": int(r["unchanged"] or 0),
+                    "denied": int(r["denied"] or 0),
+                }
                 for r in by_mutator
             ],
-            "byTime": {"bucket": bucket, "rows": [
-                {"start": r["bucket"], "total": int(r["total"]), **outcomes(r)} for r in by_time
-            ]},
+            "byTime": {
+                "bucket": bucket,
+                "rows": [{"start": r["bucket"], "total": int(r["total"]), **outcomes(r)} for r in by_time],
+            },
             "rejected": int(rejected),
         }
 

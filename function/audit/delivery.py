@@ -339,8 +339,13 @@ class EventSender:
             if self._deadline is not None:
                 wait = min(wait, max(self._deadline - time.monotonic(), 0.0))
             self.metrics.event_retried()
-            log.debug("audit event %s: attempt %d failed (%s), retry in %.2fs", pending.id, attempts,
-                      result.detail, wait)
+            log.debug(
+                "audit event %s: attempt %d failed (%s), retry in %.2fs",
+                pending.id,
+                attempts,
+                result.detail,
+                wait,
+            )
             if self._stopped.wait(wait):
                 return  # the drain ran out of time and wrote this event to stdout
 

@@ -132,8 +132,13 @@ class StdoutWriter:
         return self.write({"castslice": LINE_MARKER, "delivered": True}, event)
 
     def undelivered(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> bool:
-        header = {"castslice": LINE_MARKER, "delivered": False, "reason": reason, "detail": detail,
-                  "attempts": attempts}
+        header = {
+            "castslice": LINE_MARKER,
+            "delivered": False,
+            "reason": reason,
+            "detail": detail,
+            "attempts": attempts,
+        }
         return self.write(header, event)
 
 
