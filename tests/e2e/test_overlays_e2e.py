@@ -8,46 +8,17 @@ runs alone: python -m pytest tests/e2e/test_overlays_e2e.py
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.crds import crd_documents
+from tests.e2e.crds import install_crds
 from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, render
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = [d for d in kustomization_dirs() if d.parent.name == "overlays"]
 EXPECTED = {"knative-route", "deployment", "knative-route-eventing", "deployment-eventing"}
-
-
-def install_crds_once(api: Any, timeout: float = 60) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    extensions = client.ApiextensionsV1Api(api)
-    names = []
-    for crd in crd_documents():
-        try:
-            extensions.create_custom_resource_definition(crd)
-        except ApiException as error:
-            if error.status != 409:  # already installed by another module
-                raise
-        names.append(crd["metadata"]["name"])
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            conditions = {
-                c.type: c.status
-                for c in extensions.read_custom_resource_definition(name).status.conditions or []
-            }
-            if conditions.get("Established") == "True":
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"CRD {name} not established: {conditions}")
-            time.sleep(0.2)
-    time.sleep(1)  # discovery of the new groups is asynchronous in the apiserver
 
 
 def strict_dry_run(api: Any, objects: list[dict[str, Any]], origin: str) -> None:
@@ -89,7 +60,7 @@ def strict_dry_run(api: Any, objects: list[dict[str, Any]], origin: str) -> None
 @pytest.fixture(scope="module")
 def api(control_plane: Any) -> Any:
     api = control_plane.api_client()
-    install_crds_once(api)
+    install_crds(api)
     return api
 
 

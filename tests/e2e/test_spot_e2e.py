@@ -37,9 +37,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, kubectl_path, one, render
+from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ON_DEMAND, PREEXEC, SPOT, SPOT_KEY, ControlPlane, free_port, kill_group
+from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
 from .test_webhook_e2e import EventLog, start_event_sink
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +48,6 @@ pytestmark = pytest.mark.e2e
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 ROUTE = "castslice-e2e-spot"
 """Namespace label naming the server that handles the namespace (one, two, shadow)."""
-SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 PLACEMENT = "castops.io/placement"
 SPOT_TOLERATION = {"key": SPOT_KEY, "operator": "Exists"}
 FORCED_NAMESPACE = "spot-forced"
@@ -71,44 +71,6 @@ def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "co
 
 
 # -- the webhook's identity: the rendered ServiceAccount and RBAC, a token kubeconfig ---------------
-def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
-    """Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding as a user deploys them: the
-    deployment overlay with the cluster-view component."""
-    overlay = KNATIVE_DIR / "overlays" / "deployment"
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(overlay, tmp_path)],
-                # settings again, last, as overlays list it: the binding's subject gets its namespace.
-                # The deployment overlay includes the cluster-view component itself (the shipped
-                # configuration enables PodMutations, which watch); settings again, last.
-                "components": [os.path.relpath(KNATIVE_DIR / "components" / "settings", tmp_path)],
-            }
-        )
-    )
-    out = subprocess.run(
-        [kubectl_path(), "kustomize", str(tmp_path)], capture_output=True, text=True, check=True, timeout=120
-    ).stdout
-    wanted = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-    objects = [o for o in yaml.safe_load_all(out) if o and o["kind"] in wanted]
-    return [o for o in objects if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == SA_NAME]
-
-
-def create(api: Any, obj: dict[str, Any]) -> bool:
-    """Create ``obj``; False when it already existed (another test module made it)."""
-    from kubernetes import client, utils
-
-    try:
-        utils.create_from_dict(api, obj)
-    except utils.FailToCreateError as error:
-        if not all(isinstance(e, client.ApiException) and e.status == 409 for e in error.api_exceptions):
-            raise
-        return False
-    return True
-
-
 def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
     """Remove what this module created (a later module's dry run of the manifests must not find it)."""
     from kubernetes import client

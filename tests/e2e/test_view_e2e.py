@@ -11,7 +11,6 @@ view equal to the apiserver's state, and answering reviews makes no API request.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from function.app import build_webhook
 from function.cluster import PODS, REPLICASETS, ClusterView
@@ -31,14 +29,11 @@ from function.mutators.base import MutatorResult, RequestContext
 from function.watch import ClusterWatcher, KubeTransport, Response, kube_transport
 
 from .controlplane import ControlPlane
+from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAY = ROOT / "knative" / "overlays" / "deployment"
-COMPONENT = ROOT / "knative" / "components" / "cluster-view"
-SETTINGS = ROOT / "knative" / "components" / "settings"
-SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 NAMESPACE = "view-e2e"
 
 
@@ -48,42 +43,6 @@ def eventually(check: Callable[[], bool], timeout: float = 30.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
-    """The ServiceAccount, ClusterRole and ClusterRoleBinding as the manifests render them."""
-    import subprocess
-    import sys
-
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(OVERLAY, tmp_path)],
-                # The deployment overlay includes the cluster-view component itself (the shipped
-                # configuration enables PodMutations, which watch); settings again, last.
-                "components": [os.path.relpath(SETTINGS, tmp_path)],
-            }
-        )
-    )
-    kubectl = Path(sys.executable).parent / "kubectl"
-    out = subprocess.run(
-        [str(kubectl), "kustomize", str(tmp_path)], capture_output=True, text=True, check=True, timeout=120
-    ).stdout
-    wanted = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-    objs = [o for o in yaml.safe_load_all(out) if o and o["kind"] in wanted]
-    return [o for o in objs if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == SA_NAME]
-
-
-def create(api: Any, obj: dict[str, Any]) -> None:
-    from kubernetes import client, utils
-
-    try:
-        utils.create_from_dict(api, obj)
-    except utils.FailToCreateError as error:
-        if not all(isinstance(e, client.ApiException) and e.status == 409 for e in error.api_exceptions):
-            raise
 
 
 class Gate:
