@@ -24,7 +24,6 @@ from function.manifests import ObjectResult, mutate_chunk
 from function.watch import watches_for
 from function.yamldoc import DocumentError, load_documents
 
-FUNC_SOURCE = Path(__file__).with_name("func.py")
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 
 
@@ -37,7 +36,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The same app and server functions-framework's own CLI builds (`functions-framework --asgi`),
     # plus the TLS options its CLI lacks: a webhook must be served over HTTPS.
     from functions_framework._http import create_server
-    from functions_framework.aio import create_asgi_app
 
     if bool(args.tls_cert) != bool(args.tls_key):
         print("castslice serve: --tls-cert and --tls-key go together", file=sys.stderr)
@@ -49,11 +47,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    from function.audit.shutdown import drain_on_shutdown
+    from function.serving import serving_app
     from function.watch import watches_for
 
-    # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
-    app = drain_on_shutdown(create_asgi_app(args.target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
+    app = serving_app(args.target)
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
     # idle limits and a shutdown that answers every request received (function/server.py).
     options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}

@@ -34,8 +34,8 @@ from starlette.responses import Response
 from function.app import build_webhook, build_webhook_and_recorder
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
 from function.audit.recorder import AuditRecorder
-from function.audit.shutdown import Receive, Scope, Send
-from function.contract import LARGE_BODY_BYTES, LARGE_REVIEWS_ENV, MAX_BODY_BYTES
+from function.audit.shutdown import ASGIApp, Message, Receive, Scope, Send
+from function.contract import LARGE_BODY_BYTES, LARGE_REVIEWS_ENV, MAX_BODY_BYTES, MUTATE_PATHS
 from function.http_api import HttpReply, WebhookHttp
 from function.offload import LargeReviews
 
@@ -78,19 +78,13 @@ def _starlette(reply: HttpReply) -> Response:
     return Response(reply.body, reply.status, headers=reply.headers, media_type=reply.content_type)
 
 
-@aio.http
-async def mutate(request: Request) -> Response:
-    try:
-        body = await _read_limited(request) if request.method == "POST" else b""
-    except ClientDisconnect:
-        # The client left (or the server gave up on a body arriving too slowly, see
-        # function/server.py): nobody is there to read an answer; the server drops this one.
-        return Response(status_code=408)
+async def answer(method: str, path: str, body: bytes | None) -> HttpReply:
+    """The reply to one request whose body has been read (None: larger than MAX_BODY_BYTES)."""
     if (
         body is not None
         and len(body) > LARGE_BODY_BYTES
         and os.environ.get(LARGE_REVIEWS_ENV) == "process"
-        and webhook.is_review(request.method, request.url.path)
+        and webhook.is_review(method, path)
     ):
         # A large Pod would stall every other request on this event loop for up to a second:
         # it is decided in the large-review process instead (function/offload.py).
@@ -100,9 +94,101 @@ async def mutate(request: Request) -> Response:
             logging.getLogger("castslice.offload").exception(
                 "large-review process failed; deciding in-process"
             )
-            return _starlette(webhook.handle(request.method, request.url.path, body))
-        return _starlette(webhook.recorded(*outcome))
-    return _starlette(webhook.handle(request.method, request.url.path, body))
+            return webhook.handle(method, path, body)
+        return webhook.recorded(*outcome)
+    return webhook.handle(method, path, body)
+
+
+@aio.http
+async def mutate(request: Request) -> Response:
+    try:
+        body = await _read_limited(request) if request.method == "POST" else b""
+    except ClientDisconnect:
+        # The client left (or the server gave up on a body arriving too slowly, see
+        # function/server.py): nobody is there to read an answer; the server drops this one.
+        return Response(status_code=408)
+    return _starlette(await answer(request.method, request.url.path, body))
+
+
+# -- the review path as `castslice serve` serves it ----------------------------------------------
+class _Disconnected(Exception):
+    pass
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The request body, or None when it is (or is declared) larger than MAX_BODY_BYTES."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if _declared_too_large(value.decode("latin-1")):
+                return None
+            break
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _Disconnected
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body if len(body) <= MAX_BODY_BYTES else None  # the common case: one message
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _start(reply: HttpReply) -> Message:
+    headers = [
+        (b"content-type", reply.content_type.encode("latin-1")),
+        (b"content-length", str(len(reply.body)).encode("latin-1")),
+    ]
+    for name, value in reply.headers.items():
+        headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+    return {"type": "http.response.start", "status": reply.status, "headers": headers}
+
+
+async def review_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+    """``POST /mutate`` as a bare ASGI endpoint: the same ``answer`` as ``mutate``, without the
+    Starlette request, router and middleware functions-framework puts around every call.
+
+    Those cost about 55 us a request served, as much as deciding a Pod (tests/benchmark.py), and
+    give a review nothing: the reply is built by WebhookHttp either way, which never raises.
+    """
+    try:
+        body = await _read_body(scope, receive)
+    except _Disconnected:
+        await send(_start(HttpReply(408, b"")))  # as ``mutate`` answers: the server drops it
+        await send({"type": "http.response.body", "body": b""})
+        return
+    reply = await answer("POST", scope["path"], body)
+    await send(_start(reply))
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+def direct_review(path: str, body: bytes) -> HttpReply:
+    """A review as function/server.py answers it without ASGI: only bodies no larger than
+    LARGE_BODY_BYTES come here, which ``answer`` decides in-process as well."""
+    return webhook.handle("POST", path, body)
+
+
+def with_review_endpoint(app: ASGIApp) -> ASGIApp:
+    """``app`` (functions-framework's) with admission reviews sent to ``review_endpoint``; every
+    other request (health, readiness, metrics, PodMutation validation, wrong methods) goes to
+    ``app`` and the ``mutate`` function as before."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in MUTATE_PATHS:
+            await review_endpoint(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return serve
 
 
 @functions_framework.http

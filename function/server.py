@@ -11,6 +11,12 @@ possibly already in the kernel's buffer, which answers those requests with a TCP
 ``HardenedHttpToolsProtocol`` adds exactly those rules to uvicorn's protocol, and
 ``CastSliceWorker`` is the uvicorn worker that uses it (``castslice serve`` passes it to gunicorn
 as ``worker_class``). The values are in function/contract.py and the README ("The HTTP surface").
+
+It also answers admission reviews directly (``DirectReviews``): a review is small, its answer is
+computed synchronously (WebhookHttp.handle never awaits), and ASGI's per-request machinery (a
+task, an event, message dicts, two writes) costs about as much as deciding a Pod. A review whose
+body is declared, not too large and arrives while the client reads its replies is answered from
+the parser's callback, in one write; anything else takes the ASGI path as before.
 """
 
 from __future__ import annotations
@@ -18,19 +24,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr
 from uvicorn_worker import UvicornWorker
 
 from function.contract import (
     BODY_READ_SECONDS,
     HEADER_READ_SECONDS,
     IDLE_KEEPALIVE_SECONDS,
+    LARGE_BODY_BYTES,
     MAX_HEADER_BYTES,
+    MUTATE_PATHS,
     SHUTDOWN_LINGER_SECONDS,
     SHUTDOWN_PICKUP_SECONDS,
 )
+from function.http_api import HttpReply
 
 log = logging.getLogger("castslice.server")
 
@@ -52,6 +63,26 @@ HEADERS_TOO_SLOW = _problem(
 BODY_TOO_SLOW = _problem(408, "Request Timeout", f"request body not received within {BODY_READ_SECONDS:g} s")
 
 
+DIRECT_REVIEWS: list[Callable[[str, bytes], HttpReply]] = []
+"""The synchronous review handler (path, body) the protocol answers reviews with, registered by
+the app ``castslice serve`` runs (function/serving.py); empty: every request takes the ASGI path."""
+
+INTERNAL_ERROR = HttpReply(500, b'{"error":"internal error (logged by the webhook)","status":500}')
+
+
+def _direct_eligible(cycle: RequestResponseCycle) -> bool:
+    """A review this protocol can answer itself: POSTed to a review path with a declared body no
+    larger than what is decided on the event loop anyway (function/offload.py takes the rest),
+    and without ``Expect: 100-continue`` (which ASGI's receive answers)."""
+    scope = cycle.scope
+    if scope["method"] != "POST" or scope["path"] not in MUTATE_PATHS or cycle.waiting_for_100_continue:
+        return False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return value.isdigit() and int(value) <= LARGE_BODY_BYTES
+    return False
+
+
 class HardenedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with size and time limits on reading a request, and a shutdown
     that answers every request already received and closes idle connections with a FIN."""
@@ -63,6 +94,8 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._shutting_down = False
         self._eof_sent = False
+        self._direct: RequestResponseCycle | None = None
+        """A review read by this protocol, to be answered when its body is complete."""
 
     # -- connection life ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -125,9 +158,68 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if self._shutting_down and self.cycle is not None:
             self.cycle.keep_alive = False  # answered with "connection: close", then closed
 
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._direct is not None and self._direct is self.cycle:
+            # uvicorn pauses reading past 64 KiB until the app reads; here nobody else will.
+            self.flow.resume_reading()
+
     def on_message_complete(self) -> None:
         self._cancel_read_timer()
         super().on_message_complete()
+        if self._direct is not None and self._direct is self.cycle:
+            self._answer_direct(self._direct)
+
+    # -- reviews answered here ----------------------------------------------------------------
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if DIRECT_REVIEWS and not self.flow.write_paused and _direct_eligible(cycle):
+            # A client not reading its replies (write_paused) goes the ASGI way, which waits.
+            if cycle.more_body:
+                self._direct = cycle  # answered in on_message_complete
+            else:
+                # A pipelined request, already read: answered on the next turn of the loop,
+                # not inside the previous reply's completion.
+                self._direct = cycle
+                self.loop.call_soon(self._answer_direct, cycle)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _answer_direct(self, cycle: RequestResponseCycle) -> None:
+        if self._direct is not cycle:
+            return
+        self._direct = None
+        if self.transport.is_closing() or cycle.disconnected:
+            return
+        try:
+            reply = DIRECT_REVIEWS[0](cycle.scope["path"], bytes(cycle.body))
+        except Exception:  # the handler guards itself; this is the server's last resort
+            log.exception("unexpected error answering a review")
+            reply = INTERNAL_ERROR
+        cycle.body = bytearray()
+        head = [STATUS_LINE[reply.status]]
+        for default_name, default_value in cycle.default_headers:
+            head += (default_name, b": ", default_value, b"\r\n")
+        head += (b"content-type: ", reply.content_type.encode("latin-1"), b"\r\n")
+        head += (b"content-length: ", str(len(reply.body)).encode("latin-1"), b"\r\n")
+        for name, text in reply.headers.items():
+            head += (name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", reply.body)
+        if cycle.access_log:
+            cycle.access_logger.info(
+                '%s - "POST %s HTTP/%s" %d',
+                get_client_addr(cycle.scope),
+                cycle.scope["path"],
+                cycle.scope["http_version"],
+                reply.status,
+            )
+        cycle.response_started = True
+        cycle.response_complete = True
+        self.transport.write(b"".join(head))
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -36,9 +36,11 @@ def decode_reply(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -> Any:
-    """A TestClient over the real functions-framework ASGI app, built as `castslice serve` builds it."""
-    from functions_framework.aio import create_asgi_app
+    """A TestClient over the real functions-framework ASGI app, built as `castslice serve` builds it
+    (function/serving.py: reviews reach the bare endpoint, everything else functions-framework)."""
     from starlette.testclient import TestClient
+
+    from function.serving import serving_app
 
     if config_path is None:
         monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
@@ -46,4 +48,4 @@ def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -
         monkeypatch.setenv("CASTSLICE_CONFIG", str(config_path))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return TestClient(create_asgi_app("mutate", str(FUNC_SOURCE)))
+    return TestClient(serving_app("mutate"))

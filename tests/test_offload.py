@@ -131,8 +131,8 @@ def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
     """The large-review process has no cluster view: with a mutator that reads the cluster on,
     large Pods stay on the event loop rather than being decided on an empty view."""
     import functions_framework._http
-    import functions_framework.aio
 
+    import function.serving
     from function import cli
     from function.contract import LARGE_REVIEWS_ENV
 
@@ -142,7 +142,7 @@ def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
 
     monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
     # No app either: building it would start the watches, which need a cluster.
-    monkeypatch.setattr(functions_framework.aio, "create_asgi_app", lambda *a, **k: object())
+    monkeypatch.setattr(function.serving, "serving_app", lambda *a, **k: object())
     monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
     monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
     path = tmp_path / "config.yaml"

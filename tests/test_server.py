@@ -284,3 +284,126 @@ def test_the_readme_documents_the_values_in_force() -> None:
         "MAX_QUOTED_CHARS": f"{contract.MAX_QUOTED_CHARS}",
     }
     assert {name: rows.get(name) for name in expected} == expected
+
+
+# -- reviews answered by the protocol itself (DIRECT_REVIEWS) ------------------------------------
+class DirectHandler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail = False
+
+    def __call__(self, path: str, body: bytes) -> Any:
+        from function.http_api import HttpReply
+
+        self.calls.append((path, len(body)))
+        if self.fail:
+            raise RuntimeError("boom")
+        return HttpReply(200, b'{"direct":%d}' % len(body))
+
+
+@pytest.fixture
+def direct(served: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> DirectHandler:
+    handler = DirectHandler()
+    monkeypatch.setattr(hardened, "DIRECT_REVIEWS", [handler])
+    return handler
+
+
+def review_request(body: bytes, path: bytes = b"/mutate", extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (path, extra, len(body), body)
+
+
+def test_reviews_are_answered_directly_and_kept_alive(served: LoopbackServer, direct: DirectHandler) -> None:
+    with served.connect() as sock:
+        for path in (b"/mutate", b"/", b"/mutate?timeout=10s"):
+            sock.sendall(review_request(b"{}" * 3, path))
+            reply = read_response(sock)
+            assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"direct":6}'), reply
+            assert b"content-type: application/json" in reply and b"connection: close" not in reply
+    assert direct.calls == [("/mutate", 6), ("/", 6), ("/mutate", 6)]
+
+
+def test_pipelined_reviews_are_answered_in_order(served: LoopbackServer, direct: DirectHandler) -> None:
+    with served.connect() as sock:
+        sock.sendall(review_request(b"a") + REQUEST + review_request(b"bbb") + review_request(b"cc"))
+        replies = [read_response(sock) for _ in range(4)]
+    assert [r.rpartition(b"\r\n\r\n")[2] for r in replies] == [
+        b'{"direct":1}',
+        b'{"size":2}',  # not a review: the ASGI app answered it, in its turn
+        b'{"direct":3}',
+        b'{"direct":2}',
+    ]
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        review_request(b"{}", extra=b"Connection: close\r\n"),
+        review_request(b"{}").replace(b"HTTP/1.1", b"HTTP/1.0"),
+    ],
+    ids=["connection-close", "http-1.0"],
+)
+def test_a_review_on_a_closing_connection_is_answered_then_closed(
+    served: LoopbackServer, direct: DirectHandler, request_bytes: bytes
+) -> None:
+    with served.connect() as sock:
+        sock.sendall(request_bytes)
+        reply = read_all(sock)  # returns once the server closed
+    assert reply.startswith(b"HTTP/1.1 200") and b"connection: close" in reply
+    assert reply.endswith(b'{"direct":2}')
+
+
+def test_a_body_in_several_segments_is_answered_once_complete(
+    served: LoopbackServer, direct: DirectHandler
+) -> None:
+    body = b"x" * 100_000  # past uvicorn's 64 KiB high-water mark, where it pauses reading
+    request = review_request(body)
+    with served.connect() as sock:
+        for start in range(0, len(request), 30_000):
+            sock.sendall(request[start : start + 30_000])
+            time.sleep(0.02)
+        assert read_response(sock).endswith(b'{"direct":100000}')
+    assert direct.calls == [("/mutate", 100_000)]
+
+
+def test_what_is_not_a_small_declared_review_takes_the_asgi_path(
+    served: LoopbackServer, direct: DirectHandler
+) -> None:
+    from function.contract import LARGE_BODY_BYTES
+
+    large = b"x" * (LARGE_BODY_BYTES + 1)
+    chunked = b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    expect = review_request(b"{}", extra=b"Expect: 100-continue\r\nConnection: close\r\n")
+    with served.connect() as sock:
+        for request, size in ((review_request(large), len(large)), (chunked, 2), (REQUEST, 2)):
+            sock.sendall(request)
+            reply = read_response(sock)
+            assert reply.endswith(b'{"size":%d}' % size), reply[-80:]
+        sock.sendall(b"GET /mutate HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock).endswith(b'{"size":0}')
+        sock.sendall(expect)  # ASGI's receive() sends the interim 100 Continue
+        reply = read_all(sock)
+        assert reply.startswith(b"HTTP/1.1 100") and reply.endswith(b'{"size":2}'), reply
+    assert direct.calls == []
+
+
+def test_a_failing_direct_handler_gets_a_json_500_and_the_connection_lives(
+    served: LoopbackServer, direct: DirectHandler
+) -> None:
+    direct.fail = True
+    with served.connect() as sock:
+        sock.sendall(review_request(b"{}"))
+        reply = read_response(sock)
+        assert reply.startswith(b"HTTP/1.1 500") and b'"status":500' in reply
+        direct.fail = False
+        sock.sendall(review_request(b"{}"))
+        assert read_response(sock).endswith(b'{"direct":2}')
+
+
+def test_a_review_body_sent_too_slowly_gets_408_and_no_answer(
+    served: LoopbackServer, direct: DirectHandler
+) -> None:
+    with served.connect() as sock:
+        sock.sendall(review_request(b"{}" * 10)[:-5])
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408")
+    assert direct.calls == []
