@@ -152,7 +152,7 @@ class Engine:
 
         problem = self._proof_problem(pod, patch, intended, intended_json)
         if problem:
-            # quick_diff trusts ==, which calls 1 and true equal; diff compares as JSON does.
+            # quick_changes trusts ==, which calls 1 and true equal; diff compares as JSON does.
             exact = diff(pod, intended)
             if exact != patch:
                 patch, problem = exact, self._proof_problem(pod, exact, intended, intended_json)

@@ -259,7 +259,8 @@ def apply_patch(document: Any, patch: list[Operation]) -> Any:
         parent = parents.get(parent_path)
         if parent is None:
             parent = parents[parent_path] = _walk(root, parent_path, copied, trail, path)
-        last = _unescape(last)
+        if "~" in last:  # the test inline: most tokens have no escape, and a call costs more
+            last = _unescape(last)
         if isinstance(parent, dict):
             if op == "add":
                 old = parent.get(last)  # an add on a present member replaces it
@@ -313,10 +314,10 @@ def _walk(
             token = tokens[position]
             if position == 0:
                 key: Any = 0
-            elif isinstance(parent, dict):
-                key = _unescape(token)
             else:
-                key = _index(_unescape(token), len(parent), "get")
+                key = _unescape(token) if "~" in token else token
+                if not isinstance(parent, dict):
+                    key = _index(key, len(parent), "get")
             child = parent[key]
             if id(child) not in copied:
                 if isinstance(child, dict):

@@ -559,7 +559,18 @@ def ours(document: Any, patch: list[Any]) -> Any:
             {"op": "add", "path": "/l/0", "value": {"new": True}},
             {"op": "add", "path": "/l/0/y", "value": 2},
         ],
-        # the trail to a sibling must not survive a replaced ancestor
+        # the trail to a sibling must not survive a replaced ancestor, the document included
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "", "value": {"m": {"a": {}}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/k", "value": 1},
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "/m/a", "value": {"b": {}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
         [
             {"op": "add", "path": "/m/a/x", "value": 1},
             {"op": "replace", "path": "/m", "value": {"a": {}, "b": {}}},
