@@ -130,7 +130,7 @@ def _quick_changes(old: Any, new: Any, path: str, ops: list[Operation]) -> None:
     ``diff``)."""
     if isinstance(old, dict) and isinstance(new, dict):
         if len(old) == len(new) and old.keys() == new.keys():
-            # The common case (a value changed, no key came or went): one loop, no lookups misses.
+            # The common case (a value changed, no key came or went): one loop over the members.
             for key, value in old.items():
                 other = new[key]
                 if not (value is other or (type(value) is type(other) and value == other)):
