@@ -470,30 +470,39 @@ def _requirement_problems(where: str, requirement: object) -> set[str]:
     return problems
 
 
+def placement_fields(pod: Pod) -> tuple[Any, Any, Any, Any, Any]:
+    """Everything ``scheduling_violations`` reads, and all it reads (None where absent): labels,
+    annotations, nodeSelector, tolerations and affinity. Two Pods holding the very same objects
+    there have the same violations, which spares the engine the check when a patch leaves them
+    all alone (the patched Pod shares every subtree the patch does not touch)."""
+    metadata = pod.get("metadata")
+    if isinstance(metadata, dict):
+        labels, annotations = metadata.get("labels"), metadata.get("annotations")
+    else:
+        labels = annotations = None
+    spec = _spec(pod)
+    if spec is None:
+        return labels, annotations, None, None, None
+    return labels, annotations, spec.get("nodeSelector"), spec.get("tolerations"), spec.get("affinity")
+
+
 def scheduling_violations(pod: Pod) -> set[str]:
     """How the Pod's placement fields (labels, tolerations, nodeSelector, node affinity) break the
     apiserver's validation (ValidatePod in k8s.io/kubernetes/pkg/apis/core/validation), as stable
     strings; the engine's proof rejects a patch that introduces one."""
     problems: set[str] = set()
-    metadata = pod.get("metadata")
-    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    labels, annotations, selector, tolerations, affinity = placement_fields(pod)
     for key, value in labels.items() if isinstance(labels, dict) else ():
         if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
             problems.add(f"metadata.labels[{key}]: not a valid label")
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     for key, value in annotations.items() if isinstance(annotations, dict) else ():
         if not isinstance(value, str):
             problems.add(f"metadata.annotations[{key}]: must be a string")
-    spec = _spec(pod)
-    if spec is None:
-        return problems
-    selector = spec.get("nodeSelector")
     if selector is not None and not isinstance(selector, dict):
         problems.add("spec.nodeSelector: must be a map")
     for key, value in selector.items() if isinstance(selector, dict) else ():
         if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
             problems.add(f"spec.nodeSelector[{key}]: not a valid label")
-    tolerations = spec.get("tolerations")
     for index, toleration in enumerate(tolerations if isinstance(tolerations, list) else ()):
         where = f"spec.tolerations[{index}]"
         if not isinstance(toleration, dict):
@@ -506,7 +515,6 @@ def scheduling_violations(pod: Pod) -> set[str]:
             problems.add(f"{where}: Exists takes no value")
         if not toleration.get("key") and operator != "Exists":
             problems.add(f"{where}: an empty key needs operator Exists")
-    affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     if not isinstance(node_affinity, dict):
         return problems

@@ -259,7 +259,9 @@ def test_an_unexpected_error_outside_the_engine_is_a_json_500(
 def test_a_withheld_patch_names_no_mutator_in_the_audit_annotations(monkeypatch: pytest.MonkeyPatch) -> None:
     from function.engine import Engine
 
-    monkeypatch.setattr(Engine, "_proof_problem", lambda self, original, patch, intended: "simulated")
+    monkeypatch.setattr(
+        Engine, "_proof_problem", lambda self, original, patch, intended, intended_json=None: "simulated"
+    )
     response = asgi_client(monkeypatch).post("/mutate", json=GOOD).json()["response"]
     assert response["allowed"] is True and "patch" not in response
     assert response["auditAnnotations"] == {"outcome": "error"}
