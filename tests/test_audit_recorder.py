@@ -13,7 +13,7 @@ from cloudevents.http import CloudEvent
 
 from function.admission import Admission
 from function.audit.recorder import AuditRecorder, build_recorder, choose_sink
-from function.audit.sinks import DaprSink, KnativeSink, StdoutSink, StdoutWriter
+from function.audit.sinks import DaprSink, KnativeSink, StdoutSink, StdoutWriter, WireEvent
 from function.config import ConfigError, parse_config
 from function.engine import Engine
 from function.wire import parse_review
@@ -108,8 +108,10 @@ class Submitted:
         self.events: list[CloudEvent] = []
         self.accepting = True
 
-    def submit(self, event: CloudEvent) -> None:
-        self.events.append(event)
+    def submit(self, event: WireEvent | CloudEvent) -> None:
+        # The recorder hands over the wire form (events.build_wire_event); read back as a
+        # CloudEvent here so the assertions see attributes and data.
+        self.events.append(event.cloud_event() if isinstance(event, WireEvent) else event)
 
 
 def recorder_with(submitted: Submitted, **environ: str) -> AuditRecorder:

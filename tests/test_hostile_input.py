@@ -180,7 +180,8 @@ def test_a_replaced_env_value_never_appears_in_a_reason_warning_or_event() -> No
             self.events: list[Any] = []
 
         def submit(self, event: Any) -> None:
-            self.events.append(event)
+            # The recorder queues the wire form (events.build_wire_event); read it back as a CloudEvent.
+            self.events.append(event.cloud_event())
 
     def change(pod: dict[str, Any]) -> None:
         container = pod["spec"]["containers"][0]

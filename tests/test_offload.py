@@ -34,7 +34,8 @@ class Collect:
         self.events: list[Any] = []
 
     def submit(self, event: Any) -> None:
-        self.events.append(event)
+        # The recorder queues the wire form (events.build_wire_event); read it back as a CloudEvent.
+        self.events.append(event.cloud_event())
 
 
 def webhook_with(sender: Collect) -> WebhookHttp:

@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -48,10 +49,28 @@ SPILL_TEXT: Final = {
 
 MIN_SPILL_CAPACITY: Final = 1000
 """The spill queue holds at least this many lines, however small the backlog is configured."""
+MAX_BATCH: Final = 256
+"""Most events a sender thread takes at once for a sink that sends batches (stdout): one wakeup,
+one lock round and a few writes for all of them. The sender threads share the interpreter lock
+with admission, so what a sender costs per event (above all, each wakeup) admission pays too."""
+REST_SECONDS: Final = 0.02
+"""After a batch, a batching sender rests this long (unless the backlog fills, see Backlog.rest)
+so the next batch gathers: an event can reach stdout this much later, never admission."""
 
 _started_senders: list[EventSender] = []
 _registry_lock = threading.Lock()
 _at_exit_registered_in: int | None = None
+_pid = os.getpid()
+"""This process's id, renewed in a forked child: submit checks it per event, and os.getpid is a
+system call."""
+
+
+def _renew_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_renew_pid)
 
 
 def close_all(timeout: float | None = None) -> int:
@@ -108,7 +127,13 @@ class Pending:
 
 
 class Backlog:
-    """Bounded: waiting events plus the ones in flight, under one lock."""
+    """Bounded: waiting events plus the ones in flight, under one lock.
+
+    A sender waits in ``take`` for an event, or ``rest``s after a batch to let the next one
+    gather. ``offer`` wakes a sender only when one is waiting for an event, or a rest should end
+    early (the backlog is filling): each wakeup costs the admission thread a turn of the
+    interpreter lock, so one per batch instead of one per event.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -116,6 +141,13 @@ class Backlog:
         self._in_flight: dict[int, Pending] = {}
         self._changed = threading.Condition()
         self.abandoned = False
+        self._takers = 0
+        """Senders waiting in take for an event."""
+        self._resting = 0
+        self._enough = max(1, min(MAX_BATCH, capacity // 2))
+        """A rest ends early once this many events wait: a full batch, or half the capacity."""
+        self._hurry = False
+        """Set by the drain: no more rests."""
 
     def offer(self, pending: Pending) -> str | None:
         """None when queued, else why not (a SPILL_TEXT key)."""
@@ -125,29 +157,60 @@ class Backlog:
             if len(self._waiting) >= self.capacity:
                 return "queue_full"
             self._waiting.append(pending)
-            self._changed.notify()
+            if self._resting and len(self._waiting) >= self._enough:
+                self._changed.notify_all()  # a rester may be first in line: wake them all
+            elif self._takers:
+                self._changed.notify()
             return None
 
-    def take(self) -> Pending | None:
-        """The next event, now in flight; None once the backlog is abandoned."""
+    def take(self, limit: int = 1) -> list[Pending]:
+        """The next events (oldest first, at most ``limit``), now in flight; none once the backlog
+        is abandoned."""
         with self._changed:
             while not self._waiting and not self.abandoned:
-                self._changed.wait()
+                self._takers += 1
+                try:
+                    self._changed.wait()
+                finally:
+                    self._takers -= 1
             if self.abandoned:
-                return None
-            pending = self._waiting.popleft()
-            self._in_flight[id(pending)] = pending
-            return pending
+                return []
+            waiting = self._waiting
+            taken = [waiting.popleft() for _ in range(min(limit, len(waiting)))]
+            for pending in taken:
+                self._in_flight[id(pending)] = pending
+            return taken
+
+    def rest(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a batch to gather; ends early when enough events wait (see
+        ``offer``), or the backlog drains or is abandoned."""
+        with self._changed:
+            deadline = time.monotonic() + seconds
+            self._resting += 1
+            try:
+                while len(self._waiting) < self._enough and not self._hurry and not self.abandoned:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    self._changed.wait(remaining)
+            finally:
+                self._resting -= 1
 
     def settle(self, pending: Pending) -> bool:
         """Mark an event's fate decided; False if the drain already took it (then leave it be)."""
+        return self.settle_all([pending])[0]
+
+    def settle_all(self, settled: list[Pending]) -> list[bool]:
+        """settle for each, under one lock round."""
         with self._changed:
-            owned = self._in_flight.pop(id(pending), None) is not None
+            owned = [self._in_flight.pop(id(pending), None) is not None for pending in settled]
             self._changed.notify_all()
             return owned
 
     def wait_idle(self, deadline: float) -> bool:
         with self._changed:
+            self._hurry = True
+            self._changed.notify_all()
             while self._waiting or self._in_flight:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -261,10 +324,12 @@ class EventSender:
         metrics.watch_queue(self.depth, capacity)
 
     # -- the admission side ---------------------------------------------------------------------
-    def submit(self, cloud_event: CloudEvent) -> None:
+    def submit(self, event: WireEvent | CloudEvent) -> None:
         """Never blocks: the event is queued, or handed to the spill writer with the reason."""
-        self._ensure_started()
-        event = WireEvent.of(cloud_event)  # serialized once, here: see sinks.WireEvent
+        if self._started_in != _pid:
+            self._ensure_started()
+        if not isinstance(event, WireEvent):
+            event = WireEvent.of(event)  # serialized once, here: see sinks.WireEvent
         refused = "shutdown" if self._closing else self._backlog.offer(Pending(event, time.monotonic()))
         if refused is not None:
             detail = f"backlog of {self.capacity} events" if refused == "queue_full" else ""
@@ -307,25 +372,62 @@ class EventSender:
         self._ensure_started()
 
     def _run(self) -> None:
+        send_all: Callable[[list[WireEvent]], list[SendResult]] | None = getattr(self.sink, "send_all", None)
         while True:
-            pending = self._backlog.take()
-            if pending is None:
+            batch = self._backlog.take(1 if send_all is None else MAX_BATCH)
+            if not batch:
                 return
-            try:
-                self._deliver(pending)
-            except Exception:
-                log.exception("audit sender failed on event %s", pending.id)
-                if self._backlog.settle(pending):
-                    self._spill(pending.event, "rejected", "sender error (see log)")
+            first: list[SendResult | None] = [None] * len(batch)
+            if send_all is not None:
+                first = [*self._send_all(send_all, batch)]
+            delivered: list[Pending] = []
+            for pending, result in zip(batch, first, strict=True):
+                if result is not None and result.delivered:
+                    delivered.append(pending)
+                    continue
+                try:
+                    self._deliver(pending, result)
+                except Exception:
+                    log.exception("audit sender failed on event %s", pending.id)
+                    if self._backlog.settle(pending):
+                        self._spill(pending.event, "rejected", "sender error (see log)")
+            if delivered:
+                now = time.monotonic()
+                owned = self._backlog.settle_all(delivered)
+                seconds = [now - p.enqueued_at for p, mine in zip(delivered, owned, strict=True) if mine]
+                if seconds:
+                    self.metrics.events_delivered(seconds)
+            if send_all is not None:
+                self._backlog.rest(REST_SECONDS)
 
-    def _deliver(self, pending: Pending) -> None:
+    @staticmethod
+    def _send_all(
+        send_all: Callable[[list[WireEvent]], list[SendResult]], batch: list[Pending]
+    ) -> list[SendResult]:
+        """The first attempt for a whole batch; a failing call fails each event's attempt."""
+        try:
+            results = send_all([pending.event for pending in batch])
+            if len(results) == len(batch):
+                return results
+            failed = SendResult(
+                False, retryable=True, detail=f"{len(results)} results for {len(batch)} events"
+            )
+        except Exception as error:  # noqa: BLE001 - a sink bug is a failed attempt, not a lost event
+            failed = SendResult(False, retryable=True, detail=f"{type(error).__name__}: {error}")
+        return [failed] * len(batch)
+
+    def _deliver(self, pending: Pending, first: SendResult | None = None) -> None:
+        """Send (the first attempt's result is ``first`` when already known), retry, settle."""
         attempts = 0
         while True:
             attempts += 1
-            try:
-                result = self.sink.send(pending.event)
-            except Exception as error:  # noqa: BLE001 - a sink bug is a failed attempt, not a lost event
-                result = SendResult(False, retryable=True, detail=f"{type(error).__name__}: {error}")
+            result = first
+            first = None
+            if result is None:
+                try:
+                    result = self.sink.send(pending.event)
+                except Exception as error:  # noqa: BLE001 - a sink bug is a failed attempt, not a lost event
+                    result = SendResult(False, retryable=True, detail=f"{type(error).__name__}: {error}")
             if result.delivered:
                 if self._backlog.settle(pending):
                     self.metrics.event_delivered(time.monotonic() - pending.enqueued_at)
@@ -350,7 +452,7 @@ class EventSender:
                 return  # the drain ran out of time and wrote this event to stdout
 
     def _spill(self, event: WireEvent, reason: str, detail: str = "", attempts: int = 0) -> None:
-        if self._started_in == os.getpid():
+        if self._started_in == _pid:
             self._spills.put_nowait(event, reason, detail, attempts)
         else:  # never started in this process (closed before any submit): no writer thread
             self.metrics.event_spilled(reason)

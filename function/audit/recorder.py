@@ -1,7 +1,8 @@
 """The DecisionRecorder the webhook runs with: metrics for every answer, one event per decision.
 
 ``record`` runs on the admission path after the reply is built, so it only counts, builds the
-event (a few dozen microseconds) and hands it to the sender without blocking. No event for:
+event straight in its wire form (events.build_wire_event: a few microseconds) and hands it to
+the sender without blocking. No event for:
 - a dry run (``request.dryRun``): the webhook declares ``sideEffects: NoneOnDryRun``;
 - a request that is not a Pod CREATE (``decision`` is None): the webhook is registered for Pod
   CREATE only, so such a request means a misconfigured rule; it is passed through untouched and
@@ -15,9 +16,10 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Final
 
 from function.audit.delivery import EventSender, RetryPolicy
-from function.audit.events import build_event, parse_extension_overrides
+from function.audit.events import build_wire_event, parse_extension_overrides
 from function.audit.metrics import IGNORED, AuditMetrics
 from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
 from function.config import AuditConfig, Config, ConfigError
@@ -31,11 +33,13 @@ def random_event_id() -> str:
     """A version-4 UUID from ``random.getrandbits``: event ids only need to be unique, and
     uuid.uuid4 reads os.urandom, a system call per event (tens of microseconds on some VMs).
     The generator is seeded from urandom at start and reseeded in every forked worker."""
-    bits = random.getrandbits(128)
-    bits = (bits & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
-    bits = (bits & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
-    text = f"{bits:032x}"
+    text = f"{random.getrandbits(128) & _UUID_KEEP | _UUID_SET:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_UUID_KEEP: Final = ~(0xF000 << 64) & ~(0xC000 << 48)
+_UUID_SET: Final = (0x4000 << 64) | (0x8000 << 48)
+"""The version (4) and RFC 4122 variant bits of random_event_id, set in one step."""
 
 
 class AuditRecorder:
@@ -65,7 +69,7 @@ class AuditRecorder:
         self.metrics.admission(decision.outcome, dry_run, decision.duration_seconds)
         if dry_run or self.sender is None:
             return
-        event = build_event(
+        event = build_wire_event(
             review,
             decision,
             event_id=self._new_id(),
