@@ -7,6 +7,7 @@ Not a test (pytest does not collect it, and nothing here asserts a time): run it
     python tests/benchmark.py                  # in-process cost, then the three servers under wrk
     python tests/benchmark.py --large          # plus: small reviews while six 3 MiB ones are in flight
     python tests/benchmark.py --sink hanging   # CastSlice's audit events to a broker that never answers
+    python tests/benchmark.py --ceiling        # plus: CastSlice with its engine's decision made free
 
 Each server is pinned to CPU 0 and wrk to CPU 1 when the machine has two or more cores (as in
 REFERENCE.md's floor figures), one worker each. Loopback only; every run is bounded in time.
@@ -45,6 +46,32 @@ BODIES = {
     "mutating": REVIEWS / "default-slice-inference.json",
     "non-mutating": REVIEWS / "default-not-opted-in.json",
 }
+
+# ``--ceiling``: CastSlice served exactly as the Procfile says, except that Engine.decide replays the
+# decision it made the first time it saw the same Pod (the same patch, warnings and mutators; the
+# Pod's JSON bytes, about 2 us, are the key). Everything else a served review does is real: HTTP,
+# parsing and validating the envelope, the reply, the audit event and its delivery. Its rate is the
+# most any work on the engine alone could reach. Loaded through a sitecustomize module on
+# PYTHONPATH, so nothing in the webhook knows about it.
+CEILING_SITECUSTOMIZE = """
+import orjson
+
+import function.engine
+
+_decide = function.engine.Engine.decide
+_decided = {}
+
+
+def decide(self, pod, request):
+    key = orjson.dumps(pod)
+    decision = _decided.get(key)
+    if decision is None:
+        decision = _decided[key] = _decide(self, pod, request)
+    return decision
+
+
+function.engine.Engine.decide = decide
+"""
 
 WRK_SCRIPT = r"""
 local bodies = {}
@@ -203,7 +230,7 @@ def in_process() -> dict[str, float]:
 
 def serve(target: str, env: dict[str, str], pin: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    template = TARGETS[target] or procfile_command()
+    template = TARGETS.get(target) or procfile_command()
     command = shlex.split(template.replace("$PORT", str(port)))
     server = subprocess.Popen(
         [*pin, *command],
@@ -295,7 +322,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--large", action="store_true", help="also measure small reviews beside 3 MiB ones")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also serve CastSlice with its engine's decision made free (the first one replayed)",
+    )
     args = parser.parse_args()
+    targets = [*TARGETS, "ceiling"] if args.ceiling else list(TARGETS)
 
     if not shutil.which("wrk"):
         print("wrk not found: apt-get install wrk", file=sys.stderr)
@@ -317,11 +350,15 @@ def main() -> int:
     rounds: list[dict[tuple[str, str], dict[str, float]]] = []
     large: dict[str, float] | None = None
     bad = 0
+    ceiling_dir = tempfile.TemporaryDirectory()
+    (Path(ceiling_dir.name) / "sitecustomize.py").write_text(CEILING_SITECUSTOMIZE)
     try:
-        for target in TARGETS:
+        for target in targets:
             env = dict(base_env)
-            if target == "castslice" and sink_url:
+            if target in ("castslice", "ceiling") and sink_url:
                 env["K_SINK"] = sink_url
+            if target == "ceiling":
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [ceiling_dir.name, env.get("PYTHONPATH")]))
             servers[target] = serve(target, env, server_pin)
         for server, port in servers.values():
             wait_ready(port, server, BODIES["mutating"].read_bytes())
@@ -345,6 +382,7 @@ def main() -> int:
     finally:
         for server, _ in servers.values():
             stop(server)
+        ceiling_dir.cleanup()
     results = {key: max((r[key] for r in rounds), key=lambda f: f["rps"]) for key in rounds[0]}
 
     print("in-process, CPU per review (parse, engine, proof, rules, audit event): ", end="")
@@ -356,11 +394,11 @@ def main() -> int:
     )
     print(f"{'review':>13} {'server':>10} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'non-200':>8}")
     for kind in BODIES:
-        for target in TARGETS:
-            figures = results[target, kind]
+        for target in targets:
+            row = results[target, kind]
             print(
-                f"{kind:>13} {target:>10} {figures['rps']:>8.0f} {figures['p50']:>7.2f} "
-                f"{figures['p99']:>7.2f} {int(figures['non200']):>8}"
+                f"{kind:>13} {target:>10} {row['rps']:>8.0f} {row['p50']:>7.2f} "
+                f"{row['p99']:>7.2f} {int(row['non200']):>8}"
             )
     print("(best round per row; ratios: median over rounds of castslice / other within a round)")
     for kind in BODIES:
@@ -371,6 +409,14 @@ def main() -> int:
             r["castslice", kind]["rps"] / (r["floor", kind]["rps"] or 1) for r in rounds
         )
         print(f"{kind}: castslice = {to_naive:.2f} x naive, {to_floor:.2f} x floor")
+        if args.ceiling:
+            ceiling_naive = statistics.median(
+                r["ceiling", kind]["rps"] / (r["naive", kind]["rps"] or 1) for r in rounds
+            )
+            ceiling_floor = statistics.median(
+                r["ceiling", kind]["rps"] / (r["floor", kind]["rps"] or 1) for r in rounds
+            )
+            print(f"{kind}: ceiling (engine free) = {ceiling_naive:.2f} x naive, {ceiling_floor:.2f} x floor")
     if large is not None:
         small = f"{int(large['small_n'])} small reviews, p50 {large['small_p50']:.2f} ms"
         print(
