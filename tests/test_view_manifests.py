@@ -21,6 +21,7 @@ from manifests_support import KNATIVE_DIR, by_kind, pod_specs, render
 from function.cluster import PODS, REPLICASETS, WatchSpec, merge_specs, rbac_rules
 from function.config import load_config_file
 from function.mutators import PLUGINS
+from function.mutators.spot import NAMESPACES
 from function.watch import watches_for
 
 OVERLAYS = tuple(
@@ -28,6 +29,7 @@ OVERLAYS = tuple(
     for name in ("knative-route", "deployment", "knative-route-eventing", "deployment-eventing")
 )
 COMPONENT = KNATIVE_DIR / "components" / "cluster-view"
+NAMESPACES_COMPONENT = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 SETTINGS = KNATIVE_DIR / "components" / "settings"
 ACCOUNT, NAMESPACE = "castslice", "castslice-system"
 
@@ -75,13 +77,19 @@ def token_mounted(objs: list[dict[str, Any]]) -> bool:
     return bool(spec["automountServiceAccountToken"])
 
 
-def with_component(overlay: Path, tmp_path: Path) -> list[dict[str, Any]]:
+def with_component(overlay: Path, tmp_path: Path, extra: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
     """``overlay`` plus the cluster-view component, as a user's kustomization would include it
     (the overlay as it is when it already includes it: the shipped configuration enables
     PodMutations, which watch)."""
     shipped = render(overlay)
-    if any(o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped):
+    if not extra and any(
+        o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped
+    ):
         return shipped
+    has_view = any(
+        o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped
+    )
+    components = [*(() if has_view else (COMPONENT,)), *extra, SETTINGS]
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
@@ -89,7 +97,7 @@ def with_component(overlay: Path, tmp_path: Path) -> list[dict[str, Any]]:
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(overlay, tmp_path)],
                 # settings again, last, as an overlay lists it: the binding gets the namespace.
-                "components": [os.path.relpath(COMPONENT, tmp_path), os.path.relpath(SETTINGS, tmp_path)],
+                "components": [os.path.relpath(component, tmp_path) for component in components],
             }
         )
     )
@@ -139,3 +147,37 @@ def test_granted_rules_sees_a_missing_or_extra_grant(tmp_path: Path) -> None:
     role["rules"][0]["verbs"].remove("get")
     role["rules"].pop()
     assert granted_rules(objs) != rbac_rules((PODS, REPLICASETS))
+
+
+def namespace_selector_config(tmp_path: Path) -> Any:
+    """Spot placement with a forcePodsToOnDemand term that selects namespaces by label: the one
+    configuration whose view watches Namespaces."""
+    path = tmp_path / "namespace-selector.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "spot": {
+                    "enabled": True,
+                    "forcePodsToOnDemand": [{"namespaceSelector": {"matchLabels": {"tier": "critical"}}}],
+                }
+            }
+        ),
+        encoding="utf-8",
+    )
+    return load_config_file(path)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_a_namespace_selector_needs_the_namespaces_component_and_it_grants_exactly_that(
+    overlay: Path, tmp_path: Path
+) -> None:
+    needs = watches_for(namespace_selector_config(tmp_path))
+    assert NAMESPACES in needs
+    # The cluster-view component alone falls short: Namespaces are missing.
+    without = granted_rules(with_component(overlay, tmp_path))
+    assert without == rbac_rules(every_plugin_watch())
+    assert without != rbac_rules((*every_plugin_watch(), *needs))
+    # With it: every plug-in's watches and Namespaces, nothing more.
+    objs = with_component(overlay, tmp_path, (NAMESPACES_COMPONENT,))
+    assert granted_rules(objs) == rbac_rules((*every_plugin_watch(), *needs))
+    assert token_mounted(objs)
