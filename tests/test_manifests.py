@@ -59,6 +59,8 @@ ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS)
 SETTINGS = KNATIVE_DIR / "components" / "settings"
 EVENTING = KNATIVE_DIR / "components" / "eventing"
 CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
+# Namespaces for a spot namespaceSelector term, beside cluster-view (tests/test_view_manifests.py).
+CLUSTER_VIEW_NAMESPACES = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 # PodMutation policies (CRD, validating webhook, RBAC) and the RBAC to read CAST AI's objects.
 PODMUTATION_COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
@@ -148,11 +150,13 @@ def procfile_web() -> str:
 # --- layout and rendering -------------------------------------------------------------------
 
 
-def test_layout_is_a_base_four_overlays_and_three_components():
+def test_layout_is_a_base_four_overlays_and_the_components():
     assert kustomization_dirs() == sorted(ALL_KUSTOMIZATIONS)
     # cluster-view: the RBAC of the cluster view's watches (tests/test_view_manifests.py), which an
     # overlay includes only when its configuration enables a mutator that watches the cluster.
-    assert component_dirs() == sorted((SETTINGS, EVENTING, CLUSTER_VIEW, *PODMUTATION_COMPONENTS))
+    assert component_dirs() == sorted(
+        (SETTINGS, EVENTING, CLUSTER_VIEW, CLUSTER_VIEW_NAMESPACES, *PODMUTATION_COMPONENTS)
+    )
 
 
 KNATIVE_GROUP_SUFFIX = "knative.dev"
