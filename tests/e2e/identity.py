@@ -17,8 +17,9 @@ SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
 
 
-def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
-    """Namespace, the webhook's ServiceAccount, ClusterRole and ClusterRoleBinding as rendered."""
+def rendered_rbac(tmp_path: Path, components: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Namespace, the webhook's ServiceAccount, ClusterRole and ClusterRoleBinding as rendered;
+    ``components`` (names under knative/components) are added as a user adds them, before settings."""
     overlay = KNATIVE_DIR / "overlays" / "deployment"
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -27,7 +28,10 @@ def rendered_rbac(tmp_path: Path) -> list[dict[str, Any]]:
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(overlay, tmp_path)],
                 # settings again, last, as overlays list it: the binding's subject gets its namespace.
-                "components": [os.path.relpath(KNATIVE_DIR / "components" / "settings", tmp_path)],
+                "components": [
+                    os.path.relpath(KNATIVE_DIR / "components" / name, tmp_path)
+                    for name in (*components, "settings")
+                ],
             }
         )
     )

@@ -51,13 +51,19 @@ ROUTE = "castslice-e2e-spot"
 PLACEMENT = "castops.io/placement"
 SPOT_TOLERATION = {"key": SPOT_KEY, "operator": "Exists"}
 FORCED_NAMESPACE = "spot-forced"
+TIER = "castslice-e2e-tier"
+"""Namespace label a namespaceSelector term forces on-demand by (the view watches Namespaces)."""
+CRITICAL_NAMESPACE = "spot-critical"
 
 SPOT_CONFIG: dict[str, Any] = {
     "gpuSlicing": {"enabled": False},
     "spot": {
         "enabled": True,
         "spotPercentageOfReplicaSet": 40,
-        "forcePodsToOnDemand": [{"namespaces": [FORCED_NAMESPACE]}],
+        "forcePodsToOnDemand": [
+            {"namespaces": [FORCED_NAMESPACE]},
+            {"namespaceSelector": {"matchLabels": {TIER: "critical"}}},
+        ],
     },
 }
 
@@ -97,7 +103,9 @@ def service_account_kubeconfig(plane: ControlPlane, directory: Path, created: li
     from kubernetes import client
 
     with plane.api_client() as api:
-        for obj in rendered_rbac(directory):
+        # A namespaceSelector term (SPOT_CONFIG) makes the view watch Namespaces: the component a
+        # user adds for it (README, "Spot placement"). Without it no server would become ready.
+        for obj in rendered_rbac(directory, ("cluster-view-namespaces",)):
             if create(api, obj):
                 created.append(obj)
         plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
@@ -332,6 +340,7 @@ def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     }
     for namespace, route in namespaces.items():
         control_plane.create_namespace(namespace, labels={ROUTE: route})
+    control_plane.create_namespace(CRITICAL_NAMESPACE, labels={ROUTE: "one", TIER: "critical"})
     core = client.CoreV1Api(api)
     _wait_active(core)
     try:
@@ -345,7 +354,7 @@ def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     finally:
         for server in servers.values():
             registration.delete_mutating_webhook_configuration(f"e2e-spot-{server.name}")
-        for namespace in namespaces:
+        for namespace in (*namespaces, CRITICAL_NAMESPACE):
             core.delete_namespace(namespace)
         for server in servers.values():
             server.stop()
@@ -496,6 +505,16 @@ def test_force_on_demand_by_namespace(spot: dict[str, Any]) -> None:
     assert all(SPOT_TOLERATION not in (p["spec"].get("tolerations") or []) for p in pods)
     assert_on_their_nodes(spot["plane"], pods)
     remove(spot, FORCED_NAMESPACE, "forced")
+
+
+def test_force_on_demand_by_namespace_labels(spot: dict[str, Any]) -> None:
+    # The namespace's labels come from the view's Namespaces watch, on the rendered RBAC.
+    spot["apps"].create_namespaced_deployment(CRITICAL_NAMESPACE, deployment("critical", 3))
+    pods = wait_running(spot, CRITICAL_NAMESPACE, "critical", 3)
+    assert placements(pods) == ["on-demand"] * 3
+    assert all(SPOT_TOLERATION not in (p["spec"].get("tolerations") or []) for p in pods)
+    assert_on_their_nodes(spot["plane"], pods)
+    remove(spot, CRITICAL_NAMESPACE, "critical")
 
 
 def test_lifecycle_override_on_the_template(spot: dict[str, Any]) -> None:
