@@ -325,7 +325,7 @@ def _walk(
                 elif isinstance(child, list):
                     child = list(child)
                 else:
-                    raise PatchProofError("path goes through a scalar")
+                    raise PatchProofError(f"path {path!r} goes through a scalar")
                 parent[key] = child
                 copied[id(child)] = child
             trail.append((token, child))
