@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
-from uvicorn.protocols.utils import get_client_addr
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn_worker import UvicornWorker
 
 from function.contract import (
@@ -207,10 +207,12 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             head.append(b"connection: close\r\n")
         head += (b"\r\n", reply.body)
         if cycle.access_log:
+            # uvicorn's own access line, argument for argument: its AccessFormatter unpacks five.
             cycle.access_logger.info(
-                '%s - "POST %s HTTP/%s" %d',
+                '%s - "%s %s HTTP/%s" %d',
                 get_client_addr(cycle.scope),
-                cycle.scope["path"],
+                cycle.scope["method"],
+                get_path_with_query_string(cycle.scope),
                 cycle.scope["http_version"],
                 reply.status,
             )
