@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import select
 import signal
 import socket
@@ -95,7 +96,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
 
 
 def read_all(sock: socket.socket) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = sock.recv(65536)
         if not chunk:
@@ -104,21 +105,25 @@ def read_all(sock: socket.socket) -> bytes:
 
 
 def read_response(sock: socket.socket) -> bytes:
-    """One response (headers and a Content-Length body) from a kept-alive connection."""
+    """One response (headers and a Content-Length body) from a kept-alive connection, and not a
+    byte more: pipelined replies can arrive in one segment, and what follows this one is the next's.
+    """
     data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
+    while not data.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(1)  # the head byte by byte: a reply is small, and nothing is over-read
         assert chunk, f"closed before a response: {data!r}"
         data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
     length = int(
         next(
-            line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+            line.split(b":")[1] for line in data.split(b"\r\n") if line.lower().startswith(b"content-length")
         )
     )
+    body = b""
     while len(body) < length:
-        body += sock.recv(4096)
-    return head + b"\r\n\r\n" + body
+        chunk = sock.recv(length - len(body))
+        assert chunk, f"closed inside a response body: {data + body!r}"
+        body += chunk
+    return data + body
 
 
 REQUEST = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
@@ -302,7 +307,19 @@ class DirectHandler:
 
 
 @pytest.fixture
-def direct(served: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> DirectHandler:
+def patient(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
+    """The server with its read and idle timers far out, for tests about what is answered and in
+    what order, not when: on a machine starved of CPU, a 0.5 s idle timer could close a connection
+    before its first bytes are read, and the test would be measuring the machine."""
+    for name in ("HEADER_READ_SECONDS", "BODY_READ_SECONDS", "IDLE_KEEPALIVE_SECONDS"):
+        monkeypatch.setattr(hardened, name, 30.0)
+    server = LoopbackServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def direct(monkeypatch: pytest.MonkeyPatch) -> DirectHandler:
     handler = DirectHandler()
     monkeypatch.setattr(hardened, "DIRECT_REVIEWS", [handler])
     return handler
@@ -312,8 +329,8 @@ def review_request(body: bytes, path: bytes = b"/mutate", extra: bytes = b"") ->
     return b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (path, extra, len(body), body)
 
 
-def test_reviews_are_answered_directly_and_kept_alive(served: LoopbackServer, direct: DirectHandler) -> None:
-    with served.connect() as sock:
+def test_reviews_are_answered_directly_and_kept_alive(patient: LoopbackServer, direct: DirectHandler) -> None:
+    with patient.connect() as sock:
         for path in (b"/mutate", b"/", b"/mutate?timeout=10s"):
             sock.sendall(review_request(b"{}" * 3, path))
             reply = read_response(sock)
@@ -322,8 +339,8 @@ def test_reviews_are_answered_directly_and_kept_alive(served: LoopbackServer, di
     assert direct.calls == [("/mutate", 6), ("/", 6), ("/mutate", 6)]
 
 
-def test_pipelined_reviews_are_answered_in_order(served: LoopbackServer, direct: DirectHandler) -> None:
-    with served.connect() as sock:
+def test_pipelined_reviews_are_answered_in_order(patient: LoopbackServer, direct: DirectHandler) -> None:
+    with patient.connect() as sock:
         sock.sendall(review_request(b"a") + REQUEST + review_request(b"bbb") + review_request(b"cc"))
         replies = [read_response(sock) for _ in range(4)]
     assert [r.rpartition(b"\r\n\r\n")[2] for r in replies] == [
@@ -343,9 +360,9 @@ def test_pipelined_reviews_are_answered_in_order(served: LoopbackServer, direct:
     ids=["connection-close", "http-1.0"],
 )
 def test_a_review_on_a_closing_connection_is_answered_then_closed(
-    served: LoopbackServer, direct: DirectHandler, request_bytes: bytes
+    patient: LoopbackServer, direct: DirectHandler, request_bytes: bytes
 ) -> None:
-    with served.connect() as sock:
+    with patient.connect() as sock:
         sock.sendall(request_bytes)
         reply = read_all(sock)  # returns once the server closed
     assert reply.startswith(b"HTTP/1.1 200") and b"connection: close" in reply
@@ -353,11 +370,11 @@ def test_a_review_on_a_closing_connection_is_answered_then_closed(
 
 
 def test_a_body_in_several_segments_is_answered_once_complete(
-    served: LoopbackServer, direct: DirectHandler
+    patient: LoopbackServer, direct: DirectHandler
 ) -> None:
     body = b"x" * 100_000  # past uvicorn's 64 KiB high-water mark, where it pauses reading
     request = review_request(body)
-    with served.connect() as sock:
+    with patient.connect() as sock:
         for start in range(0, len(request), 30_000):
             sock.sendall(request[start : start + 30_000])
             time.sleep(0.02)
@@ -366,14 +383,14 @@ def test_a_body_in_several_segments_is_answered_once_complete(
 
 
 def test_what_is_not_a_small_declared_review_takes_the_asgi_path(
-    served: LoopbackServer, direct: DirectHandler
+    patient: LoopbackServer, direct: DirectHandler
 ) -> None:
     from function.contract import LARGE_BODY_BYTES
 
     large = b"x" * (LARGE_BODY_BYTES + 1)
     chunked = b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
     expect = review_request(b"{}", extra=b"Expect: 100-continue\r\nConnection: close\r\n")
-    with served.connect() as sock:
+    with patient.connect() as sock:
         for request, size in ((review_request(large), len(large)), (chunked, 2), (REQUEST, 2)):
             sock.sendall(request)
             reply = read_response(sock)
@@ -387,10 +404,10 @@ def test_what_is_not_a_small_declared_review_takes_the_asgi_path(
 
 
 def test_a_failing_direct_handler_gets_a_json_500_and_the_connection_lives(
-    served: LoopbackServer, direct: DirectHandler
+    patient: LoopbackServer, direct: DirectHandler
 ) -> None:
     direct.fail = True
-    with served.connect() as sock:
+    with patient.connect() as sock:
         sock.sendall(review_request(b"{}"))
         reply = read_response(sock)
         assert reply.startswith(b"HTTP/1.1 500") and b'"status":500' in reply
@@ -407,3 +424,31 @@ def test_a_review_body_sent_too_slowly_gets_408_and_no_answer(
         reply = read_all(sock)
     assert reply.startswith(b"HTTP/1.1 408")
     assert direct.calls == []
+
+
+def test_a_direct_review_writes_uvicorns_own_access_line(
+    patient: LoopbackServer, direct: DirectHandler
+) -> None:
+    from uvicorn.logging import AccessFormatter
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))  # AccessFormatter unpacks the arguments: any mismatch raises
+
+    handler = Collect()
+    access_format = "%(client_addr)s - %(request_line)s %(status_code)s"
+    handler.setFormatter(AccessFormatter(access_format, use_colors=False))
+    access = logging.getLogger("uvicorn.access")
+    level = access.level
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        with patient.connect() as sock:
+            sock.sendall(review_request(b"{}", b"/mutate?timeout=10s"))
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert len(lines) == 1 and lines[0].endswith(" - POST /mutate?timeout=10s HTTP/1.1 200 OK"), lines
