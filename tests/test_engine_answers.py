@@ -188,3 +188,35 @@ def test_a_patch_that_applies_but_misses_the_intended_pod_says_so() -> None:
         prove(original, [{"op": "replace", "path": "/a", "value": 2}], {"a": 2, "b": [1, 2]})
     with pytest.raises(PatchProofError, match=r"^patch does not apply: path '/c/d' does not exist$"):
         prove(original, [{"op": "add", "path": "/c/d", "value": 2}], {"a": 1})
+
+
+def test_an_opted_out_pod_is_admitted_unchanged_without_running_a_mutator() -> None:
+    mutator = Edit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
+    opted_out = pod()
+    opted_out["metadata"]["labels"]["castops.io/webhook"] = "ignore"
+    decision = Engine(Config(), [mutator], []).decide(opted_out, REQUEST)
+    assert decision == Decision("unchanged", True, "pod opted out (castops.io/webhook=ignore)")
+    assert mutator.seen == []
+
+
+class Denier:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        return MutatorResult(Action.denied, f"{self.name} says no", (f"{self.name} warns",))
+
+
+def test_a_denial_is_the_message_and_its_warnings_are_kept() -> None:
+    # The first denial ends the pass: the second denier never runs.
+    quiet = Edit("quiet", lambda p: False)
+    decision = Engine(Config(), [quiet, Denier("first"), Denier("second")], []).decide(pod(), REQUEST)
+    assert (decision.outcome, decision.allowed) == ("denied", False)
+    assert decision.denial == decision.reason == "first says no"
+    assert decision.warnings == ("first warns",)
+
+
+def test_shadow_mutators_get_the_request_as_given() -> None:
+    shadow = Edit("shadow", lambda p: False)
+    Engine(Config(), [], [shadow]).decide(pod(), REQUEST)
+    assert shadow.seen == [REQUEST]
