@@ -49,3 +49,40 @@ def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return TestClient(serving_app("mutate"))
+
+
+_A_POD_NAMED_P: Any = object()
+"""``pod_review``'s default metadata (``None`` is a value a test may want in the object)."""
+
+
+def pod_review(
+    metadata: Any = _A_POD_NAMED_P,
+    *,
+    name: str | None = None,
+    namespace: str | None = "ml",
+    user: Any = None,
+    dry_run: bool | None = None,
+) -> Any:
+    """A Pod CREATE AdmissionReview (uid ``u-1``) around ``metadata`` (default: a Pod named p),
+    written as the apiserver sends one and parsed as the webhook parses it. ``name`` and ``dry_run``
+    are left out when None, as is ``namespace``; ``user`` is the userInfo (default: alice, in the
+    groups devs and ml)."""
+    from function.wire import parse_review
+
+    request: dict[str, Any] = {
+        "uid": "u-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "userInfo": user if user is not None else {"username": "alice", "groups": ["devs", "ml"]},
+        "object": {
+            "kind": "Pod",
+            "metadata": {"name": "p"} if metadata is _A_POD_NAMED_P else metadata,
+            "spec": {"containers": []},
+        },
+    }
+    for key, value in (("name", name), ("namespace", namespace), ("dryRun", dry_run)):
+        if value is not None:
+            request[key] = value
+    envelope = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return parse_review(json.dumps(envelope).encode())

@@ -17,29 +17,7 @@ from function.config import parse_config
 from function.engine import Decision, Engine
 from function.mutators.base import Action, MutatorDecision
 from function.wire import AdmissionReview, parse_review
-
-
-def review(
-    metadata: Any = None, *, namespace: str | None = "ml", dry_run: bool | None = None, user: Any = None
-) -> AdmissionReview:
-    request: dict[str, Any] = {
-        "uid": "u-1",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": "CREATE",
-        "userInfo": user if user is not None else {"username": "alice", "groups": ["devs", "ml"]},
-        "object": {
-            "kind": "Pod",
-            "metadata": metadata if metadata is not None else {"name": "p"},
-            "spec": {},
-        },
-    }
-    if namespace is not None:
-        request["namespace"] = namespace
-    if dry_run is not None:
-        request["dryRun"] = dry_run
-    envelope = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-    return parse_review(json.dumps(envelope).encode())
+from tests.support import pod_review
 
 
 class View:
@@ -50,11 +28,11 @@ class View:
 
 def test_the_context_carries_every_field_of_the_request() -> None:
     view: Any = View()
-    ctx = request_context(review(dry_run=True), view)
+    ctx = request_context(pod_review(dry_run=True), view)
     assert (ctx.uid, ctx.namespace, ctx.operation, ctx.dry_run) == ("u-1", "ml", "CREATE", True)
     assert (ctx.username, ctx.groups) == ("alice", ("devs", "ml"))
     assert ctx.cluster is view
-    plain = request_context(review(user={}))
+    plain = request_context(pod_review(user={}))
     assert (plain.dry_run, plain.username, plain.groups, plain.cluster) == (False, "", (), EMPTY_VIEW)
 
 
@@ -72,7 +50,7 @@ def test_the_context_carries_every_field_of_the_request() -> None:
 def test_the_namespace_comes_from_the_request_then_the_pod(
     metadata: Any, namespace: str | None, expected: str
 ) -> None:
-    assert request_context(review(metadata, namespace=namespace)).namespace == expected
+    assert request_context(pod_review(metadata, namespace=namespace)).namespace == expected
 
 
 @pytest.mark.parametrize(
@@ -132,7 +110,7 @@ def test_a_failure_building_the_reply_is_an_internal_error_for_this_request(
 
     subject = Admission(Engine(parse_config({})), recorder, cluster)
     with caplog.at_level(logging.ERROR, logger="castslice.admission"):
-        answer = subject.review(review({"name": "p", "annotations": {"castops.io/optimize": "true"}}))
+        answer = subject.review(pod_review({"name": "p", "annotations": {"castops.io/optimize": "true"}}))
     expected = Decision(
         "error",
         True,
@@ -157,7 +135,7 @@ def test_under_deny_a_failure_building_the_reply_denies_and_names_the_request(
         raise RuntimeError("describe failed")
 
     monkeypatch.setattr(admission, "describe_pod", broken)
-    answer = Admission(Engine(parse_config({"onInternalError": "deny"}))).review(review())
+    answer = Admission(Engine(parse_config({"onInternalError": "deny"}))).review(pod_review())
     response: Any = answer.review("admission.k8s.io/v1")["response"]
     assert response["allowed"] is False
     assert response["status"]["message"] == (
@@ -167,7 +145,7 @@ def test_under_deny_a_failure_building_the_reply_denies_and_names_the_request(
 
 def test_a_request_that_is_not_a_pod_create_is_recorded_as_no_decision() -> None:
     recorder = Recorder()
-    document = json.loads(review().model_dump_json(exclude_none=True))
+    document = json.loads(pod_review().model_dump_json(exclude_none=True))
     document["request"]["operation"] = "UPDATE"
     answer = Admission(Engine(parse_config({})), recorder).review(parse_review(json.dumps(document).encode()))
     assert answer.decision is None and recorder.decisions == [None]
@@ -180,6 +158,6 @@ def test_a_failing_recorder_never_fails_the_answer_and_is_logged(caplog: pytest.
             raise RuntimeError("sink exploded")
 
     with caplog.at_level(logging.ERROR, logger="castslice.admission"):
-        answer = Admission(Engine(parse_config({})), Failing()).review(review())
+        answer = Admission(Engine(parse_config({})), Failing()).review(pod_review())
     assert answer.decision is not None and answer.decision.outcome == "unchanged"
     assert [r.getMessage() for r in caplog.records] == ["recording the decision failed (request uid u-1)"]

@@ -5,7 +5,6 @@ from a mutmut run over function/audit/events.py."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -26,7 +25,7 @@ from function.audit.events import (
 )
 from function.engine import Decision
 from function.mutators.base import Action, MutatorDecision
-from function.wire import AdmissionReview, parse_review
+from tests.support import pod_review
 
 SECRET = "s3cret-token"
 
@@ -139,44 +138,23 @@ def test_an_object_or_array_value_may_hold_a_secret_place_inside(value: Any) -> 
 
 
 # -- who the event is about -----------------------------------------------------------------------
-def review_with(
-    metadata: Any, *, name: str | None = None, namespace: str = "ml", username: str = "alice"
-) -> AdmissionReview:
-    request: dict[str, Any] = {
-        "uid": "u",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": "CREATE",
-        "namespace": namespace,
-        "userInfo": {"username": username},
-        "object": {"kind": "Pod", "metadata": metadata, "spec": {"containers": []}},
-    }
-    if name is not None:
-        request["name"] = name
-    return parse_review(
-        json.dumps(
-            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-        ).encode()
-    )
-
-
 RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-uid", "controller": True}
 
 
 def test_the_pod_is_named_by_the_request_then_its_metadata() -> None:
     identity = pod_identity(
-        review_with({"name": "from-metadata", "generateName": "web-"}, name="from-request")
+        pod_review({"name": "from-metadata", "generateName": "web-"}, name="from-request")
     )
     assert identity == {"namespace": "ml", "name": "from-request", "generateName": "web-", "owner": None}
-    identity = pod_identity(review_with({"name": "from-metadata", "namespace": "other"}, namespace=""))
+    identity = pod_identity(pod_review({"name": "from-metadata", "namespace": "other"}, namespace=""))
     assert identity == {"namespace": "other", "name": "from-metadata", "generateName": None, "owner": None}
-    identity = pod_identity(review_with({"generateName": ""}, namespace=""))
+    identity = pod_identity(pod_review({"generateName": ""}, namespace=""))
     assert identity == {"namespace": "", "name": None, "generateName": None, "owner": None}
 
 
 def test_the_owner_is_the_controller_reference_in_full() -> None:
     other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "cm-uid"}
-    identity = pod_identity(review_with({"generateName": "web-1-", "ownerReferences": ["junk", other, RS]}))
+    identity = pod_identity(pod_review({"generateName": "web-1-", "ownerReferences": ["junk", other, RS]}))
     assert identity["owner"] == {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
@@ -188,7 +166,7 @@ def test_the_owner_is_the_controller_reference_in_full() -> None:
 
 def test_without_a_controller_the_first_reference_stands_with_its_gaps_filled() -> None:
     first = {"kind": "Thing", "name": 7, "controller": "yes"}
-    identity = pod_identity(review_with({"ownerReferences": [first, {**RS, "controller": False}]}))
+    identity = pod_identity(pod_review({"ownerReferences": [first, {**RS, "controller": False}]}))
     assert identity["owner"] == {
         "apiVersion": "",
         "kind": "Thing",
@@ -200,12 +178,12 @@ def test_without_a_controller_the_first_reference_stands_with_its_gaps_filled() 
 
 @pytest.mark.parametrize("references", [None, "web", {}, [], ["junk", 3]])
 def test_no_usable_reference_means_no_owner(references: Any) -> None:
-    assert pod_identity(review_with({"ownerReferences": references}))["owner"] is None
+    assert pod_identity(pod_review({"ownerReferences": references}))["owner"] is None
 
 
 @pytest.mark.parametrize("metadata", ["not metadata", None, []])
 def test_metadata_of_the_wrong_shape_names_nothing(metadata: Any) -> None:
-    assert pod_identity(review_with(metadata)) == {
+    assert pod_identity(pod_review(metadata)) == {
         "namespace": "ml",
         "name": None,
         "generateName": None,
@@ -214,7 +192,7 @@ def test_metadata_of_the_wrong_shape_names_nothing(metadata: Any) -> None:
 
 
 def test_a_name_that_is_not_a_non_empty_string_is_no_name() -> None:
-    identity = pod_identity(review_with({"name": 7, "generateName": ["web-"]}, namespace=""))
+    identity = pod_identity(pod_review({"name": 7, "generateName": ["web-"]}, namespace=""))
     assert identity == {"namespace": "", "name": None, "generateName": None, "owner": None}
 
 
@@ -253,7 +231,7 @@ def test_times_are_utc_with_microseconds(moment: datetime, text: str) -> None:
 
 
 def data_for(decision: Decision, username: str = "alice") -> dict[str, Any]:
-    review = review_with({"name": "p"}, username=username)
+    review = pod_review(user={"username": username})
     return event_data(review, decision, config_digest="d", decided_at=MOMENT, engine_version="9.9.9")
 
 
@@ -272,7 +250,7 @@ def test_the_data_keeps_an_empty_username_the_engine_version_and_nine_digits_of_
     assert data["engineVersion"] == "9.9.9"
     assert data["durationSeconds"] == 1.234567891
     event = build_event(
-        review_with({"name": "p"}),
+        pod_review({"name": "p"}),
         decision,
         event_id="e",
         decided_at=MOMENT,
@@ -307,5 +285,5 @@ def test_overrides_skip_unset_extensions_and_default_to_none() -> None:
 
 
 def test_a_reference_missing_its_fields_gets_empty_ones() -> None:
-    identity = pod_identity(review_with({"ownerReferences": [{"uid": "u1"}]}))
+    identity = pod_identity(pod_review({"ownerReferences": [{"uid": "u1"}]}))
     assert identity["owner"] == {"apiVersion": "", "kind": "", "name": "", "uid": "u1", "controller": False}
