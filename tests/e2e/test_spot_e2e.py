@@ -498,23 +498,22 @@ def test_partial_spot_burst_from_0_to_20_reports_its_deviation(
         assert set(deviations) == {0}, deviations
 
 
-def test_force_on_demand_by_namespace(spot: dict[str, Any]) -> None:
-    spot["apps"].create_namespaced_deployment(FORCED_NAMESPACE, deployment("forced", 3))
-    pods = wait_running(spot, FORCED_NAMESPACE, "forced", 3)
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [
+        (FORCED_NAMESPACE, "forced"),  # by name
+        # By labels: they come from the view's Namespaces watch, on the rendered RBAC.
+        (CRITICAL_NAMESPACE, "critical"),
+    ],
+    ids=["by-name", "by-labels"],
+)
+def test_force_on_demand_by_namespace(spot: dict[str, Any], namespace: str, name: str) -> None:
+    spot["apps"].create_namespaced_deployment(namespace, deployment(name, 3))
+    pods = wait_running(spot, namespace, name, 3)
     assert placements(pods) == ["on-demand"] * 3
     assert all(SPOT_TOLERATION not in (p["spec"].get("tolerations") or []) for p in pods)
     assert_on_their_nodes(spot["plane"], pods)
-    remove(spot, FORCED_NAMESPACE, "forced")
-
-
-def test_force_on_demand_by_namespace_labels(spot: dict[str, Any]) -> None:
-    # The namespace's labels come from the view's Namespaces watch, on the rendered RBAC.
-    spot["apps"].create_namespaced_deployment(CRITICAL_NAMESPACE, deployment("critical", 3))
-    pods = wait_running(spot, CRITICAL_NAMESPACE, "critical", 3)
-    assert placements(pods) == ["on-demand"] * 3
-    assert all(SPOT_TOLERATION not in (p["spec"].get("tolerations") or []) for p in pods)
-    assert_on_their_nodes(spot["plane"], pods)
-    remove(spot, CRITICAL_NAMESPACE, "critical")
+    remove(spot, namespace, name)
 
 
 def test_lifecycle_override_on_the_template(spot: dict[str, Any]) -> None:
