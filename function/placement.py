@@ -343,8 +343,6 @@ def apply_spot_mode(pod: Pod, mode: SpotMode, scheme: LabelScheme) -> str | None
             done.append(f"toleration {scheme.key} Exists")
         if mode == "only-spot" and _select_spot(spec, scheme):
             done.append(f"nodeSelector {scheme.key}={scheme.spot_value}")
-        if mode == "only-spot" and spec.get("nodeSelector") == {}:
-            del spec["nodeSelector"]
         if mode == "preferred-spot" and _add_preferred_spot(spec, scheme):
             done.append(f"preferred affinity {scheme.key} (weight {PREFERRED_SPOT_WEIGHT})")
     return ", ".join(done) or None
