@@ -239,9 +239,10 @@ def test_malformed_tolerations_are_left_for_the_apiserver() -> None:
 
 
 def test_an_empty_node_selector_is_the_users_to_keep() -> None:
-    for mode in ("optional-spot", "preferred-spot"):
+    modes: tuple[p.SpotMode, ...] = ("optional-spot", "preferred-spot")
+    for mode in modes:
         target = pod(nodeSelector={})
-        p.apply_spot_mode(target, mode, p.CASTAI)  # type: ignore[arg-type]
+        p.apply_spot_mode(target, mode, p.CASTAI)
         assert target["spec"]["nodeSelector"] == {}, mode
 
 
@@ -274,7 +275,7 @@ def test_on_demand_removes_only_the_spot_preference_and_says_so() -> None:
 
 
 def test_on_demand_beside_another_affinity_kind_adds_the_exclusion() -> None:
-    pod_affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
+    pod_affinity: dict[str, Any] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
     target = pod(affinity=copy.deepcopy(pod_affinity))
     assert p.apply_spot_mode(target, "on-demand", p.KARPENTER) == (
         "required affinity karpenter.sh/capacity-type NotIn [spot]"
@@ -284,7 +285,7 @@ def test_on_demand_beside_another_affinity_kind_adds_the_exclusion() -> None:
 
 # --- and_into_required_node_affinity --------------------------------------------------------------
 
-EXPRESSION = {"key": "pool", "operator": "NotIn", "values": ["spot"]}
+EXPRESSION: dict[str, Any] = {"key": "pool", "operator": "NotIn", "values": ["spot"]}
 
 
 @pytest.mark.parametrize(
