@@ -181,6 +181,7 @@ def _remove_spot_tolerations(spec: dict[str, Any], scheme: LabelScheme) -> bool:
 
 
 def _node_affinity(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """``spec.affinity.nodeAffinity``, created when absent; None when either is not a map."""
     affinity = _get_or_make(spec, "affinity")
     return _get_or_make(affinity, "nodeAffinity") if affinity is not None else None
 
@@ -201,8 +202,6 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
     """
     spec = _spec(pod)
     if spec is None:
-        return False
-    if not _readable_affinity(spec):
         return False
     node_affinity = _node_affinity(spec)
     if node_affinity is None:
@@ -231,16 +230,6 @@ def and_into_required_node_affinity(pod: Pod, expression: dict[str, Any]) -> boo
     return changed
 
 
-def _readable_affinity(spec: dict[str, Any]) -> bool:
-    """``spec.affinity`` and its ``nodeAffinity`` are absent/null or maps (so we may edit them)."""
-    affinity = spec.get("affinity")
-    if affinity is None:
-        return True
-    if not isinstance(affinity, dict):
-        return False
-    return affinity.get("nodeAffinity") is None or isinstance(affinity.get("nodeAffinity"), dict)
-
-
 def _drop_empty_affinity(spec: dict[str, Any]) -> None:
     """Remove the ``affinity``/``nodeAffinity`` maps this module created and left empty."""
     affinity = spec.get("affinity")
@@ -252,8 +241,6 @@ def _drop_empty_affinity(spec: dict[str, Any]) -> None:
 
 
 def _add_preferred_spot(spec: dict[str, Any], scheme: LabelScheme) -> bool:
-    if not _readable_affinity(spec):
-        return False
     node_affinity = _node_affinity(spec)
     if node_affinity is None:
         return False
@@ -506,7 +493,7 @@ def scheduling_violations(pod: Pod) -> set[str]:
         if not isinstance(toleration, dict):
             problems.add(f"{where}: must be a map")
             continue
-        operator = toleration.get("operator", "Equal")
+        operator = toleration.get("operator")  # absent or "" means Equal
         if operator not in ("Equal", "Exists", None, ""):
             problems.add(f"{where}: operator {operator!r} is not valid")
         if operator == "Exists" and toleration.get("value"):
