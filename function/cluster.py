@@ -455,11 +455,12 @@ def _objects(document: Any, where: str) -> Iterator[Mapping[str, Any]]:
         return
     if not isinstance(document, Mapping):
         raise StateFileError(f"{where}: expected a Kubernetes object or List, got {type(document).__name__}")
-    items = document.get("items")
-    if isinstance(items, list) and str(document.get("kind", "")).endswith("List"):
+    items, kind = document.get("items"), document.get("kind")
+    is_list = isinstance(kind, str) and kind.endswith("List")
+    if is_list and isinstance(items, list):
         for position, item in enumerate(items):
             yield from _objects(item, f"{where}, items[{position}]")
-    elif "items" in document and str(document.get("kind", "")).endswith("List"):
+    elif is_list and "items" in document:
         raise StateFileError(f"{where}: 'items' of a {document.get('kind')} must be a list")
     else:
         yield document
