@@ -93,7 +93,7 @@ def spot_mutator(deny_invalid: bool = True, own_namespace: str = "castslice-syst
     return Spot(SpotConfig.model_validate({"enabled": True, **config}), deny_invalid, own_namespace)
 
 
-def run(mutator: Spot, pod: dict[str, Any], ctx: Ctx | None = None) -> tuple[Any, dict[str, Any]]:
+def run(mutator: Spot, pod: dict[str, Any], ctx: RequestContext | None = None) -> tuple[Any, dict[str, Any]]:
     """Mutate a copy; check the second pass is a no-op (reinvocation); return (result, pod)."""
     working = copy.deepcopy(pod)
     result = mutator.mutate(working, ctx or Ctx())
