@@ -112,6 +112,14 @@ def test_pods_left_alone_say_why(pod: dict[str, Any], why: str) -> None:
     assert after == pod
 
 
+def test_malformed_metadata_without_a_request_namespace_is_a_template() -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": "not a map", "spec": {}}
+    result, _ = run(spot_mutator(preset="allSpot"), pod, Ctx(namespace=""))
+    assert result == MutatorResult.unchanged(
+        "a Pod template (no name or generateName): placed per Pod when each is created"
+    )
+
+
 def test_a_pod_with_its_own_node_selector_is_ignored_when_asked() -> None:
     mutator = spot_mutator(preset="allSpot", ignorePodsWithNodeSelectorsAffinities=True)
     result, _ = run(mutator, rs_pod(nodeSelector={"zone": "a"}))
@@ -166,6 +174,8 @@ def test_selector_terms_read_the_namespace_and_its_labels(term: dict[str, Any]) 
     assert ignored == MutatorResult.unchanged("matches ignorePods[0]")
     forced, _ = run(spot_mutator(preset="allSpot", forcePodsToOnDemand=[term]), pod, ctx)
     assert forced.reason.startswith("on-demand: rule forcePodsToOnDemand[0]; ")
+    to_spot, _ = run(spot_mutator(defaultToSpot=False, forcePodsToSpot=[term]), pod, ctx)
+    assert to_spot.reason.startswith("spot: rule forcePodsToSpot[0]; ")
 
 
 # --- the plug-in as the registry builds it ----------------------------------------------------------
