@@ -301,3 +301,10 @@ def test_the_plugin_claims_every_configured_resource_past_a_missing_one() -> Non
 def test_a_vgpu_built_by_hand_without_renames() -> None:
     result = Vgpu(VgpuConfig(enabled=True), DENY).mutate(pod(container(resources=GPU)), REQUEST)
     assert result.action is Action.mutated
+
+
+def test_a_nameless_container_is_named_by_its_index() -> None:
+    nameless = container(resources=SHARE)
+    del nameless["name"]
+    result, _ = run(pod(container("a"), nameless))
+    assert result.reason == f"vGPU Pod: containers/1 (nvidia.com/gpu, nvidia.com/gpumem); {TO_HAMI}"
