@@ -14,7 +14,14 @@ from function.config import parse_config
 from function.engine import Decision
 from function.mutators.spot import LEDGER_INDEX, LedgerEntry
 from function.placement import DECISION_ANNOTATION, PLACEMENT_LABEL
-from function.spot_ledger import DecisionLedger, DecisionTurns, LedgerRecorder, ViewWithLedger, ledger_for
+from function.spot_ledger import (
+    DecisionLedger,
+    DecisionTurns,
+    LedgerRecorder,
+    ViewWithLedger,
+    ledger_for,
+    with_ledger,
+)
 from function.wire import AdmissionReview
 from tests.support import pod_review
 
@@ -200,10 +207,14 @@ def test_a_turn_is_waited_for_half_a_second_by_default_then_skipped_with_a_warni
     assert_turn_is_free(quick)
 
 
-def test_the_same_thread_keeps_its_turn_and_a_second_end_is_harmless() -> None:
+def test_the_same_thread_keeps_its_turn_and_a_second_end_is_harmless(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     turns = DecisionTurns(wait_seconds=0.01)
+    caplog.set_level(logging.WARNING, logger="castslice.spot")
     turns.begin()
     turns.begin()
+    assert caplog.records == []
     turns.end()
     assert_turn_is_free(turns)
     turns.end()
@@ -212,3 +223,42 @@ def test_the_same_thread_keeps_its_turn_and_a_second_end_is_harmless() -> None:
 
 def test_a_view_without_cluster_state_stays_unavailable() -> None:
     assert ViewWithLedger(EMPTY_VIEW, {}).available is False
+
+
+def test_an_end_from_a_thread_without_the_turn_releases_nothing() -> None:
+    turns = DecisionTurns(wait_seconds=0.01)
+    turns.begin()
+    errors: list[BaseException] = []
+
+    def stranger() -> None:
+        try:
+            turns.end()
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            errors.append(error)
+
+    thread = threading.Thread(target=stranger)
+    thread.start()
+    thread.join(5)
+    assert errors == []
+    with pytest.raises(AssertionError):
+        assert_turn_is_free(turns)  # still held by this thread
+    turns.end()
+    assert_turn_is_free(turns)
+
+
+def test_with_ledger_adds_the_entries_and_takes_the_turn() -> None:
+    view = StaticView({"pods": []})
+    plain = with_ledger(lambda: view, None)
+    assert plain() is view
+    ledger = DecisionLedger(clock=Clock())
+    ledger.record("rs-1", "d-1", "spot")
+    turns = DecisionTurns(wait_seconds=0.01)
+    combined = with_ledger(lambda: view, ledger, turns)()
+    assert isinstance(combined, ViewWithLedger)
+    assert combined.view is view and combined.index(LEDGER_INDEX) == {"rs-1": (LedgerEntry("d-1", "spot"),)}
+    with pytest.raises(AssertionError):
+        assert_turn_is_free(turns)  # the review holds it until its decision is recorded
+    turns.end()
+    assert_turn_is_free(turns)
+    untimed = with_ledger(lambda: view, ledger)()
+    assert isinstance(untimed, ViewWithLedger) and untimed.view is view

@@ -136,3 +136,10 @@ def test_a_huge_kind_is_cut_in_the_message() -> None:
 
 def test_a_denial_without_a_message_has_an_empty_status_message() -> None:
     assert denied("u", "").as_dict()["status"] == {"code": 403, "reason": "Forbidden", "message": ""}
+
+
+def test_at_most_five_problems_are_listed() -> None:
+    assert refusal(review_with(request={"x": 1})) == (
+        "invalid AdmissionReview: request.uid is missing; request.kind is missing; "
+        "request.resource is missing; request.operation is missing; request.userInfo is missing"
+    )
