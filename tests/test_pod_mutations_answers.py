@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, IndexState, Owner, StaticView, View
+from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, IndexState, Owner, PodRecord, StaticView, View
 from function.mutators.base import MutatorResult, RequestContext
 from function.mutators.pod_mutations import (
     CASTAI_MUTATIONS,
@@ -204,8 +204,8 @@ def test_a_pod_without_a_controller_has_no_siblings(metadata: Any) -> None:
     members = {"u": record(placement="spot")}
     bare = {"metadata": metadata, "spec": {}}
     assert siblings_of(bare, GroupView(members)) == Siblings()
-    unowned = StaticView({"pods": []})
-    assert siblings_of(bare, unowned) == Siblings()
+    others_unowned = StaticView({"pods": [PodRecord("prod", "solo", "solo-uid", Owner(), "spot", False)]})
+    assert siblings_of(bare, others_unowned) == Siblings()
 
 
 def test_siblings_of_with_no_cluster_view() -> None:
