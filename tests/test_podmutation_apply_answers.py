@@ -99,6 +99,7 @@ def test_affinities_say_which_was_changed() -> None:
     }
     target = pod()
     assert changes({"affinity": affinity}, target) == ["required node affinity", "preferred node affinity"]
+    assert target["spec"]["affinity"] == affinity  # as written: no defaulted empty lists added
     assert changes({"affinity": affinity}, target) == []
 
 
@@ -277,3 +278,18 @@ def test_a_failing_sequence_does_not_stop_the_next() -> None:
     assert done.changes == ["patches #2 (1 ops)"]
     assert done.warnings[0].startswith("patches #1 not applied: [0] remove /spec/nothing")
     assert result["metadata"]["labels"] == {"ok": "1"}
+
+
+def test_a_sequence_that_would_make_the_pod_invalid_does_not_stop_the_next() -> None:
+    spec = {
+        "patchesV2": [
+            {"operations": [{"op": "add", "path": "/metadata/labels", "value": {"bad": "a b"}}]},
+            {"operations": [{"op": "add", "path": "/metadata/annotations/ok", "value": "1"}]},
+        ]
+    }
+    result, done = apply_mutation(pod(), mutation(spec))
+    assert done.warnings == [
+        "patches #1 not applied: the Pod would be invalid: metadata.labels[bad]: not a valid label"
+    ]
+    assert done.changes == ["patches #2 (1 ops)"]
+    assert result["metadata"]["annotations"]["ok"] == "1" and "labels" not in result["metadata"]
