@@ -161,3 +161,26 @@ def test_the_rank_says_how_each_dimension_matched() -> None:
     assert Rank(names=REGEX, labels=EXACT, label_hits=2, tolerations=NONE).describe() == (
         "names regex, labels exact (2), tolerations -, kinds -, namespaces -"
     )
+
+
+def test_a_toleration_is_matched_on_its_value_and_effect() -> None:
+    rule = toleration_rule({"valueMatcher": exact("v"), "effectMatcher": exact("NoSchedule")})
+    matching = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert rank(rule, WEB, pod(tolerations=[matching])) == Rank(tolerations=EXACT)
+    assert rank(rule, WEB, pod(tolerations=[{**matching, "effect": "NoExecute"}])) is None
+
+
+def test_a_row_without_matchers_matches_any_toleration() -> None:
+    rule = toleration_rule({})
+    assert rank(rule, WEB, pod(tolerations=[{"key": "k"}])) == Rank(tolerations=EXACT)
+    assert rank(rule, WEB, pod()) is None
+
+
+def test_the_owner_lookup_gets_the_references_kind_name_and_uid() -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def lookup(kind: str, name: str, uid: str) -> None:
+        asked.append((kind, name, uid))
+
+    workload_of(owned({"kind": "ReplicaSet", "name": "web-abc", "controller": True}), NS, lookup)
+    assert asked[0] == ("ReplicaSet", "web-abc", "")
