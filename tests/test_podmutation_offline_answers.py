@@ -5,12 +5,12 @@ each workload kind makes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from function.cluster import PODS, StaticView
 from function.podmutation.compiled import CompiledMutation, InvalidMutation
 from function.podmutation.match import Workload
 from function.podmutation.offline import (
@@ -41,17 +41,32 @@ API_FORM = {"name": "from-console", "objectFilter": {"names": ["web"]}, "labels"
 # --- the view ---------------------------------------------------------------------------------------
 
 
+class NamedView:
+    """A view whose every index and group answers with its own name, so the test sees who answered."""
+
+    def __init__(self, name: str, synced: bool) -> None:
+        self.name, self.is_synced = name, synced
+
+    available = False
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        return {"from": self.name, "index": name}
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return {"from": self.name, "index": name, "key": key}
+
+    def synced(self, name: str) -> bool:
+        return self.is_synced
+
+
 def test_the_given_mutations_replace_the_clusters_own() -> None:
-    base = StaticView({"podmutations": [], "pods": []}, available=False)
-    mine = StaticView({"podmutations": {"u": "record"}})
-    view = WithMutations(base, mine)
+    view = WithMutations(NamedView("cluster", synced=False), NamedView("files", synced=False))
     assert view.available is True
-    assert dict(view.index("podmutations")) == {"u": "record"}
-    assert view.index("pods") is base.index("pods")
-    assert view.synced("podmutations") is True and view.synced("pods") is True
-    assert view.synced("replicasets") is False
-    assert view.group("podmutations", "x") is mine.group("podmutations", "x")
-    assert view.group(PODS.index, "") is base.group(PODS.index, "")
+    assert view.index("podmutations") == {"from": "files", "index": "podmutations"}
+    assert view.index("pods") == {"from": "cluster", "index": "pods"}
+    assert view.group("podmutations", "k") == {"from": "files", "index": "podmutations", "key": "k"}
+    assert view.group("pods", "k") == {"from": "cluster", "index": "pods", "key": "k"}
+    assert view.synced("podmutations") is True and view.synced("pods") is False
 
 
 # --- documents --------------------------------------------------------------------------------------
