@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,22 @@ def pod_review(
             request[key] = value
     envelope = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
     return parse_review(json.dumps(envelope).encode())
+
+
+class PodGroupView:
+    """A cluster view with one group of the ``pods`` index, ``owner_uid`` -> ``members``, a plain dict:
+    records of any shape, counted in the order the test gives them."""
+
+    available = True
+
+    def __init__(self, owner_uid: str, members: Mapping[str, Any]) -> None:
+        self.owner_uid, self.members = owner_uid, members
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        return {}
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self.members if (name, key) == ("pods", self.owner_uid) else {}
+
+    def synced(self, name: str) -> bool:
+        return True

@@ -4,7 +4,6 @@ the records they keep, and the cache of loaded mutations."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,6 +28,7 @@ from function.mutators.pod_mutations import (
 from function.placement import SiblingCounts
 from function.podmutation.apply import MARK_ANNOTATION, Siblings
 from function.podmutation.compiled import InvalidMutation, compile_object
+from tests.support import PodGroupView
 
 SPECS = (PODS, REPLICASETS, JOBS, OUR_MUTATIONS, CASTAI_MUTATIONS)
 
@@ -162,24 +162,6 @@ def test_a_job_uid_in_the_replicasets_index_is_not_followed() -> None:
 # --- counting siblings ------------------------------------------------------------------------------
 
 
-class GroupView:
-    """A view whose Pod group is a plain dict of whatever records the test gives, in its order."""
-
-    available = True
-
-    def __init__(self, members: Mapping[str, Any]) -> None:
-        self.members = members
-
-    def index(self, name: str) -> Mapping[str, Any]:
-        return {}
-
-    def group(self, name: str, key: str) -> Mapping[str, Any]:
-        return self.members if (name, key) == ("pods", "rs-uid") else {}
-
-    def synced(self, name: str) -> bool:
-        return True
-
-
 def record(**fields: Any) -> SimpleNamespace:
     return SimpleNamespace(**fields)
 
@@ -194,16 +176,16 @@ def test_siblings_count_every_kind_of_record_and_skip_the_terminating() -> None:
         "u1": record(placement="", group=""),
         "u2": record(),
     }
-    assert siblings_of(pod(owner=("ReplicaSet", "rs", "rs-uid")), GroupView(members)) == Siblings(
-        SiblingCounts(spot=2, on_demand=2, unplaced=2), ("a", "b")
-    )
+    assert siblings_of(
+        pod(owner=("ReplicaSet", "rs", "rs-uid")), PodGroupView("rs-uid", members)
+    ) == Siblings(SiblingCounts(spot=2, on_demand=2, unplaced=2), ("a", "b"))
 
 
 @pytest.mark.parametrize("metadata", ["not a map", {"name": "bare"}])
 def test_a_pod_without_a_controller_has_no_siblings(metadata: Any) -> None:
     members = {"u": record(placement="spot")}
     bare = {"metadata": metadata, "spec": {}}
-    assert siblings_of(bare, GroupView(members)) == Siblings()
+    assert siblings_of(bare, PodGroupView("rs-uid", members)) == Siblings()
     others_unowned = StaticView({"pods": [PodRecord("prod", "solo", "solo-uid", Owner(), "spot", False)]})
     assert siblings_of(bare, others_unowned) == Siblings()
 

@@ -4,7 +4,6 @@ it, and the records the namespace watch keeps."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from function.mutators.spot import (
 )
 from function.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, SiblingCounts
 from tests.spot_support import RS_UID, Ctx, make_pod, owner, run, spot_mutator, view_with
+from tests.support import PodGroupView
 
 TOLERATION = "toleration scheduling.cast.ai/spot Exists"
 SELECTOR = "nodeSelector scheduling.cast.ai/spot=true"
@@ -203,24 +203,6 @@ def test_the_plugin_leaves_the_webhooks_own_namespace_alone() -> None:
 # --- counting siblings ------------------------------------------------------------------------------
 
 
-class GroupView:
-    """A view whose Pod group is a plain dict, so the order of its records is the test's."""
-
-    available = True
-
-    def __init__(self, members: Mapping[str, Any]) -> None:
-        self.members = members
-
-    def index(self, name: str) -> Mapping[str, Any]:
-        return {}
-
-    def group(self, name: str, key: str) -> Mapping[str, Any]:
-        return self.members if name == "pods" and key == RS_UID else {}
-
-    def synced(self, name: str) -> bool:
-        return True
-
-
 def record(n: int, placement: str) -> PodRecord:
     return PodRecord(
         "default", f"web-{n}", f"pod-{n}", Owner(RS_UID, "ReplicaSet", "web"), placement, False, f"d-{n}"
@@ -235,7 +217,10 @@ def test_sibling_counts_count_every_sibling_past_a_foreign_record() -> None:
             for n, placement in enumerate(["spot", "spot", "", "", "on-demand"])
         },
     }
-    assert sibling_counts(GroupView(members), RS_UID) == (SiblingCounts(spot=2, on_demand=1, unplaced=2), 0)
+    assert sibling_counts(PodGroupView(RS_UID, members), RS_UID) == (
+        SiblingCounts(spot=2, on_demand=1, unplaced=2),
+        0,
+    )
 
 
 # --- what the namespace watch keeps -------------------------------------------------------------------
