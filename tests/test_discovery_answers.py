@@ -150,3 +150,20 @@ def test_a_custom_kind_needs_its_group_even_without_an_api_version() -> None:
     assert known_paths({"kind": "Deployment"}) == (("spec", "template"),)
     assert known_paths({"kind": "PyTorchJob"}) is None
     assert known_paths({"apiVersion": "v1", "kind": "Deployment"}) is None
+
+
+def test_a_kserve_component_without_a_pod_does_not_hide_the_next() -> None:
+    document = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "spec": {
+            "predictor": "not a map",
+            "transformer": {"minReplicas": 1},
+            "explainer": {"containers": []},
+        },
+    }
+    assert find_pods(document) == [PodSite(("spec", "explainer"), "kserve-component", "kind", None, 0)]
+
+
+def test_the_walk_of_something_that_is_not_a_document_finds_nothing() -> None:
+    assert walk_templates(["spec"]) == []
