@@ -20,6 +20,20 @@ from function.yamldoc import apply_operations, guess_indent, load_documents
         ("a:\n  s: >-\n        folded\n  t:\n    u: 1\n", (2, 2, 0)),
         ("a:\n  s: |\n          x:\n            y: 1\n  t:\n    u: 1\n", (2, 2, 0)),
         ("l:\n    -   a: 1\n        b:\n            c: 1\n", (4, 6, 4)),
+        # a list item's next key after its block scalar counts again
+        ("l:\n  - s: |\n      x\n    t:\n        u: 1\n", (4, 4, 2)),
+        # a block scalar's content never votes, however many keys it seems to hold
+        (
+            "a:\n  s: |\n      k1:\n          v: 1\n      k2:\n          v: 1\n"
+            "      k3:\n          v: 1\n  t: 1\n",
+            (2, 2, 0),
+        ),
+        ("l:\n  - a:\n      b: 1\n  - c:\n      d: 1\n", (2, 4, 2)),
+        # the majority wins even when the minority comes first
+        ("b:\n  - y\na:\n- x\nc:\n- z\n", (2, 2, 0)),
+        ("a:\n    b: 1\nc:\n  d: 1\ne:\n  f: 1\n", (2, 2, 0)),
+        # an empty key followed by a sibling says nothing about indentation
+        ("a:\nb:\n  c: 1\n", (2, 2, 0)),
     ],
 )
 def test_indentation_is_what_most_of_the_document_writes(text: str, indent: tuple[int, int, int]) -> None:
@@ -64,3 +78,70 @@ def test_empty_documents_are_marked_empty() -> None:
         ("---\n", False),
         ("---\n", True),
     ]
+
+
+def edited(text: str, *operations: tuple[str, list[str | int], object]) -> str:
+    [chunk] = load_documents(text, "t")
+    apply_operations(chunk.tree, list(operations))
+    return chunk.dump()
+
+
+def test_list_items_are_replaced_in_their_quote_style_and_removed() -> None:
+    text = "l:\n- a\n- 'b'\n- c\n"
+    assert edited(
+        text, ("replace", ["l", 1], "x"), ("remove", ["l", 2], None), ("replace", ["l", 0], "yes")
+    ) == ("l:\n- \"yes\"\n- 'x'\n")
+
+
+def test_map_values_are_replaced_in_their_quote_style_and_removed() -> None:
+    text = "m:\n  a: 'q'\n  b: 1\n  c: 2\n"
+    assert edited(
+        text, ("replace", ["m", "a"], "new"), ("remove", ["m", "c"], None), ("replace", ["m", "b"], "true")
+    ) == ("m:\n  a: 'new'\n  b: \"true\"\n")
+
+
+def test_a_new_map_is_flow_style_only_beside_flow_style_maps() -> None:
+    flow = "r:\n  limits: {cpu: 1}\n"
+    assert (
+        edited(flow, ("add", ["r", "requests"], {"cpu": "1"}))
+        == 'r:\n  limits: {cpu: 1}\n  requests: {cpu: "1"}\n'
+    )
+    mixed = "r:\n  limits: {cpu: 1}\n  other:\n    x: 1\n"
+    assert edited(mixed, ("add", ["r", "requests"], {"cpu": "1"})) == (
+        'r:\n  limits: {cpu: 1}\n  other:\n    x: 1\n  requests:\n    cpu: "1"\n'
+    )
+
+
+def test_an_added_list_quotes_what_kubectl_would_misread() -> None:
+    assert (
+        edited("a: 1\n", ("add", ["l"], ["yes", "x", {"k": "no"}])) == 'a: 1\nl:\n- "yes"\n- x\n- k: "no"\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("operation", "message"),
+    [
+        (("add", [], 1), "an operation on the whole document"),
+        (("add", ["a", "b"], 1), "add under a scalar"),
+        (("replace", ["a", "b"], 1), "replace under a scalar"),
+    ],
+)
+def test_impossible_operations_say_why(operation: tuple[str, list[str | int], object], message: str) -> None:
+    [chunk] = load_documents("a: 1\n", "t")
+    with pytest.raises(ValueError) as raised:
+        apply_operations(chunk.tree, [operation])
+    assert str(raised.value) == message
+
+
+def test_a_missing_parent_names_the_missing_key() -> None:
+    [chunk] = load_documents("a: 1\n", "t")
+    with pytest.raises(KeyError) as raised:
+        apply_operations(chunk.tree, [("remove", ["x", "y"], None)])
+    assert raised.value.args == ("x",)
+    with pytest.raises(KeyError) as raised:
+        apply_operations(chunk.tree, [("remove", ["a", "b", "c"], None)])
+    assert raised.value.args == ("b",)
+
+
+def test_a_value_pyyaml_cannot_read_is_double_quoted() -> None:
+    assert edited("a: 1\n", ("add", ["b"], "a: b: c")) == 'a: 1\nb: "a: b: c"\n'
