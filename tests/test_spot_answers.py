@@ -35,10 +35,6 @@ def rs_pod(**kwargs: Any) -> dict[str, Any]:
     return make_pod(owner(), **kwargs)
 
 
-def reason(result: MutatorResult) -> str:
-    return result.reason
-
-
 # --- reasons, word for word -----------------------------------------------------------------------
 
 
