@@ -74,11 +74,33 @@ def test_invalid_yaml_names_the_document() -> None:
         # a block scalar's content says nothing about the document's indentation
         ("a:\n  s: |\n      deep:\n        deeper\n  l:\n  - x\n", (2, 2, 0)),
         ("just: scalar\n", (2, 2, 0)),
+        ("a:\n# a comment at another indent\n    b: 1\n", (4, 4, 0)),
+        ("a:\n\n# c\n\n    b:\n        c: 1\n", (4, 4, 0)),
+        ("l:\n  - s: |\n      deep:\n        x\n    t: 1\n  - u: 2\n", (2, 4, 2)),
+        ("l:\n  - a: 1\n    b:\n      c: 2\n", (2, 4, 2)),
+        ("a:\n  l:\n  - x\n  m:\n    n: 1\n", (2, 2, 0)),
+        ("a:\n  s: >-\n        folded\n  t:\n    u: 1\n", (2, 2, 0)),
+        ("a:\n  s: |\n          x:\n            y: 1\n  t:\n    u: 1\n", (2, 2, 0)),
+        ("l:\n    -   a: 1\n        b:\n            c: 1\n", (4, 6, 4)),
+        # a list item's next key after its block scalar counts again
+        ("l:\n  - s: |\n      x\n    t:\n        u: 1\n", (4, 4, 2)),
+        # a block scalar's content never votes, however many keys it seems to hold
+        (
+            "a:\n  s: |\n      k1:\n          v: 1\n      k2:\n          v: 1\n"
+            "      k3:\n          v: 1\n  t: 1\n",
+            (2, 2, 0),
+        ),
+        ("l:\n  - a:\n      b: 1\n  - c:\n      d: 1\n", (2, 4, 2)),
+        # the majority wins even when the minority comes first
+        ("b:\n  - y\na:\n- x\nc:\n- z\n", (2, 2, 0)),
+        ("a:\n    b: 1\nc:\n  d: 1\ne:\n  f: 1\n", (2, 2, 0)),
+        # an empty key followed by a sibling says nothing about indentation
+        ("a:\nb:\n  c: 1\n", (2, 2, 0)),
     ],
 )
 def test_indentation_is_guessed_from_the_document(text: str, expected: tuple[int, int, int]) -> None:
     mapping, sequence, offset = guess_indent(text)
-    assert (mapping, offset) == expected[::2]
+    assert (mapping, sequence, offset) == expected
     assert sequence == max(offset + 2, mapping)
 
 

@@ -1,43 +1,12 @@
-"""function/yamldoc.py, answer by answer: the indentation guessed from documents with comments,
-block scalars and list items; JSON documents written back as JSON; long lines never folded; and
-which documents of a stream are empty."""
+"""function/yamldoc.py, answer by answer: JSON documents written back as JSON, long lines never
+folded, empty documents, and operations in the document's own style. (The guessed indentation is
+tested in tests/test_yamldoc.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from function.yamldoc import apply_operations, guess_indent, load_documents
-
-
-@pytest.mark.parametrize(
-    ("text", "indent"),
-    [
-        ("a:\n# a comment at another indent\n    b: 1\n", (4, 4, 0)),
-        ("a:\n\n# c\n\n    b:\n        c: 1\n", (4, 4, 0)),
-        ("l:\n  - s: |\n      deep:\n        x\n    t: 1\n  - u: 2\n", (2, 4, 2)),
-        ("l:\n  - a: 1\n    b:\n      c: 2\n", (2, 4, 2)),
-        ("a:\n  l:\n  - x\n  m:\n    n: 1\n", (2, 2, 0)),
-        ("a:\n  s: >-\n        folded\n  t:\n    u: 1\n", (2, 2, 0)),
-        ("a:\n  s: |\n          x:\n            y: 1\n  t:\n    u: 1\n", (2, 2, 0)),
-        ("l:\n    -   a: 1\n        b:\n            c: 1\n", (4, 6, 4)),
-        # a list item's next key after its block scalar counts again
-        ("l:\n  - s: |\n      x\n    t:\n        u: 1\n", (4, 4, 2)),
-        # a block scalar's content never votes, however many keys it seems to hold
-        (
-            "a:\n  s: |\n      k1:\n          v: 1\n      k2:\n          v: 1\n"
-            "      k3:\n          v: 1\n  t: 1\n",
-            (2, 2, 0),
-        ),
-        ("l:\n  - a:\n      b: 1\n  - c:\n      d: 1\n", (2, 4, 2)),
-        # the majority wins even when the minority comes first
-        ("b:\n  - y\na:\n- x\nc:\n- z\n", (2, 2, 0)),
-        ("a:\n    b: 1\nc:\n  d: 1\ne:\n  f: 1\n", (2, 2, 0)),
-        # an empty key followed by a sibling says nothing about indentation
-        ("a:\nb:\n  c: 1\n", (2, 2, 0)),
-    ],
-)
-def test_indentation_is_what_most_of_the_document_writes(text: str, indent: tuple[int, int, int]) -> None:
-    assert guess_indent(text) == indent
+from function.yamldoc import apply_operations, load_documents
 
 
 def test_a_json_object_after_a_blank_line_is_written_back_as_json() -> None:
