@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 
 from function.configtypes import OnInvalidAnnotation
-from function.mutators.base import Action, MutatorResult, RequestContext
+from function.mutators.base import Action, MutatorResult
 from function.mutators.registry import Claims, Neighbours, Rename, Settings
 from function.mutators.vgpu import PLUGIN, BadValue, Vgpu, VgpuConfig, VgpuDevice
-
-REQUEST = RequestContext(uid="u", namespace="ml")
-DENY, WARN = OnInvalidAnnotation.deny, OnInvalidAnnotation.warn
+from tests.test_vgpu import DENY, REQUEST, WARN, pod, run
+from tests.test_vgpu import container as vgpu_container
 
 
 def container(
@@ -25,34 +24,11 @@ def container(
     env: list[Any] | None = None,
     privileged: bool = False,
 ) -> dict[str, Any]:
-    """A container asking for ``resources`` in limits and requests alike."""
-    result: dict[str, Any] = {"name": name, "image": "cuda"}
+    """tests/test_vgpu.py's container, with the resources as a map (names as Kubernetes writes them)."""
+    made = vgpu_container(name, env, privileged)
     if resources:
-        result["resources"] = {"limits": dict(resources), "requests": dict(resources)}
-    if env is not None:
-        result["env"] = env
-    if privileged:
-        result["securityContext"] = {"privileged": True}
-    return result
-
-
-def pod(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p"},
-        "spec": {"containers": list(containers), **spec},
-    }
-
-
-def run(
-    target: dict[str, Any], on_invalid: OnInvalidAnnotation = DENY, **config: Any
-) -> tuple[MutatorResult, dict[str, Any]]:
-    """Mutate a copy with vGPU on; a mutated answer changed the Pod and nothing else did."""
-    working = copy.deepcopy(target)
-    result = Vgpu(VgpuConfig.model_validate({"enabled": True, **config}), on_invalid).mutate(working, REQUEST)
-    assert (working != target) == (result.action is Action.mutated), result
-    return result, working
+        made["resources"] = {"limits": dict(resources), "requests": dict(resources)}
+    return made
 
 
 NVIDIA: dict[str, Any] = {
