@@ -7,7 +7,10 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from function.podmutation.compiled import CompiledMutation
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -106,3 +109,19 @@ class PodGroupView:
 
     def synced(self, name: str) -> bool:
         return True
+
+
+def compiled_mutation(spec: dict[str, Any], name: str = "m") -> CompiledMutation:
+    """A valid PodMutation (ours, generation 1) with ``spec``, compiled as the view compiles it."""
+    from function.podmutation.compiled import CompiledMutation, compile_object
+
+    compiled = compile_object(
+        {
+            "apiVersion": "castops.io/v1alpha1",
+            "kind": "PodMutation",
+            "metadata": {"name": name, "generation": 1, "uid": f"uid-{name}"},
+            "spec": spec,
+        }
+    )
+    assert isinstance(compiled, CompiledMutation), compiled
+    return compiled

@@ -29,17 +29,9 @@ from function.placement import SiblingCounts
 from function.podmutation.apply import MARK_ANNOTATION, Siblings
 from function.podmutation.compiled import InvalidMutation, compile_object
 from tests.support import PodGroupView
+from tests.test_podmutation_plugin import pm
 
 SPECS = (PODS, REPLICASETS, JOBS, OUR_MUTATIONS, CASTAI_MUTATIONS)
-
-
-def pm(name: str, spec: dict[str, Any], api: str = "castops.io/v1alpha1") -> dict[str, Any]:
-    return {
-        "apiVersion": api,
-        "kind": "PodMutation",
-        "metadata": {"name": name, "generation": 1, "uid": f"uid-{name}"},
-        "spec": spec,
-    }
 
 
 def view(*objects: dict[str, Any], **indices: Any) -> StaticView:

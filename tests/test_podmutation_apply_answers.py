@@ -21,22 +21,10 @@ from function.podmutation.apply import (
     marked_by,
     pod_shape_problem,
 )
-from function.podmutation.compiled import CompiledMutation, Group, compile_object
+from function.podmutation.compiled import Group
+from tests.support import compiled_mutation
 
 TEMPLATE_KEY = "scheduling.cast.ai/node-template"
-
-
-def mutation(spec: dict[str, Any]) -> CompiledMutation:
-    compiled = compile_object(
-        {
-            "apiVersion": "castops.io/v1alpha1",
-            "kind": "PodMutation",
-            "metadata": {"name": "m", "generation": 1, "uid": "u"},
-            "spec": spec,
-        }
-    )
-    assert isinstance(compiled, CompiledMutation), compiled
-    return compiled
 
 
 def pod(**spec: Any) -> dict[str, Any]:
@@ -44,7 +32,7 @@ def pod(**spec: Any) -> dict[str, Any]:
 
 
 def changes(spec: dict[str, Any], target: dict[str, Any] | None = None) -> list[str]:
-    _, done = apply_mutation(target if target is not None else pod(), mutation(spec))
+    _, done = apply_mutation(target if target is not None else pod(), compiled_mutation(spec))
     return done.changes
 
 
@@ -80,7 +68,7 @@ def test_labels_and_annotations_name_every_changed_key() -> None:
 
 def test_removing_the_last_node_selector_key_removes_the_selector() -> None:
     target = pod(nodeSelector={"zone": "a"})
-    result, done = apply_mutation(target, mutation({"nodeSelector": {"remove": ["zone"]}}))
+    result, done = apply_mutation(target, compiled_mutation({"nodeSelector": {"remove": ["zone"]}}))
     assert done.changes == ["nodeSelector"] and "nodeSelector" not in result["spec"]
 
 
@@ -224,14 +212,14 @@ def test_a_group_with_a_spot_mode_places_on_spot_and_the_rest_on_demand() -> Non
             }
         ]
     }
-    first, done = apply_mutation(pod(), mutation(spec))
+    first, done = apply_mutation(pod(), compiled_mutation(spec))
     assert done.changes == [
         "spot (toleration scheduling.cast.ai/spot Exists, nodeSelector scheduling.cast.ai/spot=true)",
         "group a patches (1 ops)",
     ]
     assert first["metadata"]["labels"] == {PLACEMENT_LABEL: "spot", "g": "a"}
     assert first["metadata"]["annotations"][GROUP_ANNOTATION] == "a"
-    second, done = apply_mutation(pod(), mutation(spec), siblings("a"))
+    second, done = apply_mutation(pod(), compiled_mutation(spec), siblings("a"))
     assert done.changes == ["on-demand"]
     assert second["metadata"]["labels"] == {PLACEMENT_LABEL: "on-demand"}
     assert second["metadata"]["annotations"][GROUP_ANNOTATION] == "none"
@@ -240,7 +228,7 @@ def test_a_group_with_a_spot_mode_places_on_spot_and_the_rest_on_demand() -> Non
 def test_a_template_leaves_groups_to_each_pod() -> None:
     template: dict[str, Any] = {"metadata": {}, "spec": {"containers": []}}
     spec = {"distributionGroups": [{"name": "a", "percentage": 50}]}
-    result, done = apply_mutation(template, mutation(spec))
+    result, done = apply_mutation(template, compiled_mutation(spec))
     assert done.notes == ["spot distribution and groups: chosen per Pod when each is created"]
     assert GROUP_ANNOTATION not in result["metadata"]["annotations"]
 
@@ -262,7 +250,7 @@ def test_a_pod_already_invalid_still_gets_valid_patches() -> None:
     target = pod()
     target["metadata"]["labels"] = {"a": "b c"}
     spec = {"patches": [{"op": "add", "path": "/metadata/annotations/x", "value": "1"}]}
-    result, done = apply_mutation(target, mutation(spec))
+    result, done = apply_mutation(target, compiled_mutation(spec))
     assert done.warnings == [] and done.changes == ["patches (1 ops)"]
     assert result["metadata"]["annotations"]["x"] == "1"
 
@@ -274,7 +262,7 @@ def test_a_failing_sequence_does_not_stop_the_next() -> None:
             {"operations": [{"op": "add", "path": "/metadata/labels", "value": {"ok": "1"}}]},
         ]
     }
-    result, done = apply_mutation(pod(), mutation(spec))
+    result, done = apply_mutation(pod(), compiled_mutation(spec))
     assert done.changes == ["patches #2 (1 ops)"]
     assert done.warnings[0].startswith("patches #1 not applied: [0] remove /spec/nothing")
     assert result["metadata"]["labels"] == {"ok": "1"}
@@ -287,7 +275,7 @@ def test_a_sequence_that_would_make_the_pod_invalid_does_not_stop_the_next() -> 
             {"operations": [{"op": "add", "path": "/metadata/annotations/ok", "value": "1"}]},
         ]
     }
-    result, done = apply_mutation(pod(), mutation(spec))
+    result, done = apply_mutation(pod(), compiled_mutation(spec))
     assert done.warnings == [
         "patches #1 not applied: the Pod would be invalid: metadata.labels[bad]: not a valid label"
     ]

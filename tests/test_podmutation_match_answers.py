@@ -8,19 +8,12 @@ from typing import Any
 
 import pytest
 
-from function.podmutation.compiled import EXACT, NONE, REGEX, CompiledMutation, compile_object
+from function.podmutation.compiled import EXACT, NONE, REGEX, CompiledMutation
 from function.podmutation.match import Rank, Workload, rank, workload_of
+from tests.support import compiled_mutation
 
 NS = "prod"
 WEB = Workload(NS, "Deployment", "web")
-
-
-def mutation(spec: dict[str, Any]) -> CompiledMutation:
-    compiled = compile_object(
-        {"apiVersion": "castops.io/v1alpha1", "kind": "PodMutation", "metadata": {"name": "m"}, "spec": spec}
-    )
-    assert isinstance(compiled, CompiledMutation), compiled
-    return compiled
 
 
 def exact(value: str) -> dict[str, str]:
@@ -95,7 +88,9 @@ def test_owner_chains_are_followed_eight_levels_at_most() -> None:
 
 
 def toleration_rule(*rows: dict[str, Any], operator: str = "and") -> CompiledMutation:
-    return mutation({"filterV2": {"pod": {"tolerations": {"operator": operator, "matchers": list(rows)}}}})
+    return compiled_mutation(
+        {"filterV2": {"pod": {"tolerations": {"operator": operator, "matchers": list(rows)}}}}
+    )
 
 
 def test_a_toleration_without_operator_is_equal_and_without_value_is_empty() -> None:
@@ -132,29 +127,29 @@ def test_and_needs_every_row_or_needs_one() -> None:
 def test_rank_reads_labels_and_tolerations_from_any_pod_shape() -> None:
     rule = toleration_rule({"keyMatcher": exact("gpu")}, operator="or")
     assert rank(rule, WEB, {"metadata": "x", "spec": "y"}) is None
-    assert rank(mutation({}), WEB, {"metadata": "x", "spec": "y"}) == Rank()
+    assert rank(compiled_mutation({}), WEB, {"metadata": "x", "spec": "y"}) == Rank()
 
 
 # --- labels and excludes --------------------------------------------------------------------------------
 
 
 def test_without_a_label_rule_there_are_no_label_hits() -> None:
-    assert rank(mutation({"filterV2": {"workload": {"kinds": [exact("Deployment")]}}}), WEB, pod()) == Rank(
-        kinds=EXACT
-    )
+    assert rank(
+        compiled_mutation({"filterV2": {"workload": {"kinds": [exact("Deployment")]}}}), WEB, pod()
+    ) == Rank(kinds=EXACT)
 
 
 def test_an_exclude_that_matches_only_in_part_does_not_exclude() -> None:
     exclude = {"operator": "and", "matchers": [{"keyMatcher": exact("a")}, {"keyMatcher": exact("b")}]}
     spec = {"filterV2": {"pod": {"excludeLabels": exclude}}}
-    assert rank(mutation(spec), WEB, pod({"a": "1"})) == Rank()
-    assert rank(mutation(spec), WEB, pod({"a": "1", "b": "2"})) is None
+    assert rank(compiled_mutation(spec), WEB, pod({"a": "1"})) == Rank()
+    assert rank(compiled_mutation(spec), WEB, pod({"a": "1", "b": "2"})) is None
 
 
 def test_an_exclude_kind_that_does_not_match_does_not_exclude() -> None:
     spec = {"filterV2": {"workload": {"excludeKinds": [exact("Job")]}}}
-    assert rank(mutation(spec), WEB, pod()) == Rank()
-    assert rank(mutation(spec), Workload(NS, "Job", "j"), pod()) is None
+    assert rank(compiled_mutation(spec), WEB, pod()) == Rank()
+    assert rank(compiled_mutation(spec), Workload(NS, "Job", "j"), pod()) is None
 
 
 def test_the_rank_says_how_each_dimension_matched() -> None:
