@@ -16,13 +16,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
-from function.config import Config, ConfigError, load_config, load_config_file
 from function.contract import DEFAULT_PORT, LARGE_REVIEWS_ENV, OUTCOMES
-from function.engine import Engine
-from function.manifests import ObjectResult, mutate_chunk
-from function.watch import watches_for
-from function.yamldoc import DocumentError, load_documents
+from function.core.config import Config, ConfigError, load_config, load_config_file
+from function.core.engine import Engine
+from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, StateFileError, load_state
+from function.offline.manifests import ObjectResult, mutate_chunk
+from function.offline.yamldoc import DocumentError, load_documents
+from function.serve.watch import watches_for
 
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 
@@ -47,23 +47,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
-    from function.serving import serving_app
-    from function.watch import watches_for
+    from function.serve.asgi import serving_app
+    from function.serve.watch import watches_for
 
     app = serving_app(args.target)
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
-    # idle limits and a shutdown that answers every request received (function/server.py).
-    options: dict[str, Any] = {"worker_class": "function.server.CastSliceWorker"}
-    # Large reviews off the event loop, in a child process of the worker (function/offload.py),
+    # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
+    options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
+    # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
     # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
     # empty view would silently skip the PodMutations or spot counts that apply to it.
     if not watches_for(config):
         os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
     if args.tls_cert:
-        from function.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
+        from function.serve.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 
         options.update(certfile=args.tls_cert, keyfile=args.tls_key)
-        # cert-manager renews the files in place: reload workers when they change (see function/tls.py).
+        # cert-manager renews the files in place: reload workers when they change (see function/serve/tls.py).
         try:
             interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
         except ValueError:
@@ -201,7 +201,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             results.extend(objects)
             pieces.append(text)
         texts.append(pieces)
-    from function.podmutation.offline import is_mutation_document
+    from function.offline.podmutations import is_mutation_document
 
     for result in results:
         if is_mutation_document(result.plain):
@@ -252,7 +252,7 @@ def _read_documents(path: str) -> list[Any]:
 
 
 def _mutation_documents(directory: str | None) -> list[Any]:
-    from function.podmutation.offline import documents_in
+    from function.offline.podmutations import documents_in
 
     if not directory:
         return []
@@ -264,8 +264,8 @@ def _with_podmutations(
 ) -> tuple[Config, ClusterView]:
     """PodMutation documents among ``documents`` as the cluster view the webhook would have; with
     any, the podMutations mutator is switched on (naming them is asking for them)."""
-    from function.cluster import StaticView
-    from function.podmutation.offline import WithMutations, load
+    from function.core.view import StaticView
+    from function.offline.podmutations import WithMutations, load
 
     loaded = load(documents)
     if not loaded.records:
@@ -286,8 +286,8 @@ def _with_podmutations(
 
 
 def cmd_mutations_validate(args: argparse.Namespace) -> int:
-    from function.podmutation.offline import documents_in, is_mutation_document
-    from function.podmutation.validate import check
+    from function.admission.podmutations import check
+    from function.offline.podmutations import documents_in, is_mutation_document
 
     failed = False
     for name in args.files:
@@ -315,7 +315,7 @@ def cmd_mutations_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from function.podmutation.offline import explain, load, pod_of
+    from function.offline.podmutations import explain, load, pod_of
 
     try:
         documents = _read_documents(args.filename)
@@ -509,7 +509,7 @@ def version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     from function.contract import DISTRIBUTION
-    from function.engine import ENGINE_VERSION
+    from function.core.engine import ENGINE_VERSION
 
     try:
         package = version(DISTRIBUTION)

@@ -26,7 +26,8 @@ LARGE_REVIEWS_ENV: Final = "CASTSLICE_LARGE_REVIEWS"
 """``process``: large reviews are decided in a child process (``castslice serve`` sets it unless it
 is set already); anything else, or unset (tests, other servers): on the event loop, as any review."""
 LARGE_BODY_BYTES: Final = 256 * 1024
-"""Reviews with a larger body are decided in a separate process, off the event loop (function/offload.py)."""
+"""Reviews with a larger body are decided in a separate process, off the event loop
+(function/serve/offload.py)."""
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Request line plus headers; more gets 431 and the connection closed. The apiserver sends < 1 KiB."""
 HEADER_READ_SECONDS: Final = 5.0

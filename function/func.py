@@ -31,13 +31,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from function.app import build_webhook, build_webhook_and_recorder
 from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
 from function.audit.recorder import AuditRecorder
 from function.audit.shutdown import ASGIApp, Message, Receive, Scope, Send
 from function.contract import LARGE_BODY_BYTES, LARGE_REVIEWS_ENV, MAX_BODY_BYTES, MUTATE_PATHS
-from function.http_api import HttpReply, WebhookHttp
-from function.offload import LargeReviews
+from function.serve.app import build_webhook, build_webhook_and_recorder
+from function.serve.http_api import HttpReply, WebhookHttp
+from function.serve.offload import LargeReviews
 
 # Built at import: a bad configuration stops the server from starting, with the key named.
 webhook = build_webhook()
@@ -87,7 +87,7 @@ async def answer(method: str, path: str, body: bytes | None) -> HttpReply:
         and webhook.is_review(method, path)
     ):
         # A large Pod would stall every other request on this event loop for up to a second:
-        # it is decided in the large-review process instead (function/offload.py).
+        # it is decided in the large-review process instead (function/serve/offload.py).
         try:
             outcome = await asyncio.wrap_future(large_reviews().submit(body))
         except Exception:  # a dead child must not fail the review: decide it here instead
@@ -105,7 +105,7 @@ async def mutate(request: Request) -> Response:
         body = await _read_limited(request) if request.method == "POST" else b""
     except ClientDisconnect:
         # The client left (or the server gave up on a body arriving too slowly, see
-        # function/server.py): nobody is there to read an answer; the server drops this one.
+        # function/serve/protocol.py): nobody is there to read an answer; the server drops this one.
         return Response(status_code=408)
     return _starlette(await answer(request.method, request.url.path, body))
 
@@ -172,7 +172,7 @@ async def review_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def direct_review(path: str, body: bytes) -> HttpReply:
-    """A review as function/server.py answers it without ASGI: only bodies no larger than
+    """A review as function/serve/protocol.py answers it without ASGI: only bodies no larger than
     LARGE_BODY_BYTES come here, which ``answer`` decides in-process as well."""
     return webhook.handle("POST", path, body)
 

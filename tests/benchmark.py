@@ -56,9 +56,9 @@ BODIES = {
 CEILING_SITECUSTOMIZE = """
 import orjson
 
-import function.engine
+import function.core.engine
 
-_decide = function.engine.Engine.decide
+_decide = function.core.engine.Engine.decide
 _decided = {}
 
 
@@ -70,7 +70,7 @@ def decide(self, pod, request):
     return decision
 
 
-function.engine.Engine.decide = decide
+function.core.engine.Engine.decide = decide
 """
 
 WRK_SCRIPT = r"""
@@ -208,7 +208,7 @@ def in_process() -> dict[str, float]:
     """Microseconds of CPU per review through WebhookHttp (parse, engine, proof, rules, audit
     event built; its delivery dropped), best of 7 batches."""
     sys.path.insert(0, str(ROOT))
-    from function.app import build_webhook
+    from function.serve.app import build_webhook
 
     webhook = build_webhook(environ={})
     sender = webhook.admission.recorder.sender  # type: ignore[attr-defined]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from function.cluster import StaticView
-from function.config import parse_config
-from function.engine import Engine
-from function.mutators.base import RequestContext
-from function.mutators.pod_mutations import mutation_records
+from function.core.config import parse_config
+from function.core.engine import Engine
+from function.core.mutators.base import RequestContext
+from function.core.mutators.pod_mutations import mutation_records
+from function.core.view import StaticView
 
 
 def podmutation(i: int) -> dict[str, Any]:

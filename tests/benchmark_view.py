@@ -41,8 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from function.cluster import PODS, REPLICASETS, ClusterView  # noqa: E402
-from function.mutators.base import MutatorResult, RequestContext  # noqa: E402
+from function.core.mutators.base import MutatorResult, RequestContext  # noqa: E402
+from function.core.view import PODS, REPLICASETS, ClusterView  # noqa: E402
 
 PER_REPLICASET = 10
 
@@ -183,9 +183,9 @@ def percentile(samples: list[float], q: float) -> float:
 def measure(
     pods: int, churn: float, reviews: int, freeze: bool = True, decision: str = "spot"
 ) -> dict[str, Any]:
-    from function.app import build_webhook
-    from function.config import parse_config
-    from function.engine import Engine
+    from function.core.config import parse_config
+    from function.core.engine import Engine
+    from function.serve.app import build_webhook
     from tests.view_support import transport_for
 
     child = subprocess.Popen(
@@ -286,7 +286,7 @@ def measure(
             count(watcher.snapshot(), owner)
             view_only.append(time.perf_counter() - t0)
 
-        from function.wire import parse_review
+        from function.admission.wire import parse_review
 
         decided = webhook.admission.review(parse_review(bodies[0])).decision
         sample = "; ".join(m.reason for m in decided.decisions) if decided is not None else "(no decision)"

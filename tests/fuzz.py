@@ -29,11 +29,11 @@ from typing import Any
 
 import jsonpatch
 
-from function.admission import Admission
-from function.config import Config, parse_config
-from function.engine import Engine
-from function.http_api import WebhookHttp
-from function.rules import introduced_violations
+from function.admission.review import Admission
+from function.core.config import Config, parse_config
+from function.core.engine import Engine
+from function.core.rules import introduced_violations
+from function.serve.http_api import WebhookHttp
 from tests.support import load_review, review_names
 
 CONFIGS: dict[str, Config] = {
@@ -204,9 +204,9 @@ def body_of(review: dict[str, Any]) -> bytes:
         )
 
 
-RATIO_DIGITS_UNFIXED = importlib.util.find_spec("function.mutators.slice_ratio") is None
+RATIO_DIGITS_UNFIXED = importlib.util.find_spec("function.core.mutators.slice_ratio") is None
 """castops.io/slice-ratio of 4,301+ digits raises in int() (issue 13) until the slice-ratio parser of
-issue 14 (branch issue-hami, function/mutators/slice_ratio.py) is merged; then this is False and
+issue 14 (branch issue-hami, function/core/mutators/slice_ratio.py) is merged; then this is False and
 the campaign holds that case to the same bar as every other."""
 
 

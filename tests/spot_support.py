@@ -6,11 +6,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from function.cluster import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, IndexState, Owner, PodRecord, View
-from function.mutators.base import RequestContext
-from function.mutators.spot import NAMESPACES, LedgerEntry, NamespaceRecord, Spot, SpotConfig
-from function.placement import PLACEMENT_LABEL
-from function.spot_ledger import ViewWithLedger
+from function.core.mutators.base import RequestContext
+from function.core.mutators.spot import NAMESPACES, LedgerEntry, NamespaceRecord, Spot, SpotConfig
+from function.core.placement import PLACEMENT_LABEL
+from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, IndexState, Owner, PodRecord, View
+from function.serve.spot_ledger import ViewWithLedger
 
 RS_UID = "rs-uid-1"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from function.podmutation.compiled import CompiledMutation
+    from function.core.podmutation.compiled import CompiledMutation
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -41,10 +41,10 @@ def decode_reply(reply: dict[str, Any]) -> dict[str, Any]:
 
 def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -> Any:
     """A TestClient over the real functions-framework ASGI app, built as `castslice serve` builds it
-    (function/serving.py: reviews reach the bare endpoint, everything else functions-framework)."""
+    (function/serve/asgi.py: reviews reach the bare endpoint, everything else functions-framework)."""
     from starlette.testclient import TestClient
 
-    from function.serving import serving_app
+    from function.serve.asgi import serving_app
 
     if config_path is None:
         monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
@@ -71,7 +71,7 @@ def pod_review(
     written as the apiserver sends one and parsed as the webhook parses it. ``name`` and ``dry_run``
     are left out when None, as is ``namespace``; ``user`` is the userInfo (default: alice, in the
     groups devs and ml)."""
-    from function.wire import parse_review
+    from function.admission.wire import parse_review
 
     request: dict[str, Any] = {
         "uid": "u-1",
@@ -113,7 +113,7 @@ class PodGroupView:
 
 def compiled_mutation(spec: dict[str, Any], name: str = "m") -> CompiledMutation:
     """A valid PodMutation (ours, generation 1) with ``spec``, compiled as the view compiles it."""
-    from function.podmutation.compiled import CompiledMutation, compile_object
+    from function.core.podmutation.compiled import CompiledMutation, compile_object
 
     compiled = compile_object(
         {

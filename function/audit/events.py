@@ -19,12 +19,12 @@ from typing import Any, Final
 import orjson
 from cloudevents.http import CloudEvent
 
+from function.admission.wire import AdmissionReview
 from function.audit.sinks import WireEvent, compact_json
 from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
-from function.engine import ENGINE_VERSION, Decision
-from function.patch import Operation
-from function.pod import cap_warning
-from function.wire import AdmissionReview
+from function.core.engine import ENGINE_VERSION, Decision
+from function.core.json_patch import Operation
+from function.core.pod import cap_warning
 
 DATASCHEMA_URI: Final = (
     "https://raw.githubusercontent.com/castops/castslice/main/function/schemas/decision-event.v1.json"

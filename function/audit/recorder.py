@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final
 
+from function.admission.wire import AdmissionReview
 from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import build_wire_event, parse_extension_overrides
 from function.audit.metrics import IGNORED, AuditMetrics
 from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
-from function.config import AuditConfig, Config, ConfigError
-from function.engine import ENGINE_VERSION, Decision
-from function.wire import AdmissionReview
+from function.core.config import AuditConfig, Config, ConfigError
+from function.core.engine import ENGINE_VERSION, Decision
 
 log = logging.getLogger("castslice.audit")
 

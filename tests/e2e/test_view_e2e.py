@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from function.app import build_webhook
-from function.cluster import PODS, REPLICASETS, ClusterView
-from function.config import parse_config
-from function.engine import Engine
-from function.http_api import WebhookHttp
-from function.mutators.base import MutatorResult, RequestContext
-from function.watch import ClusterWatcher, KubeTransport, Response, kube_transport
+from function.core.config import parse_config
+from function.core.engine import Engine
+from function.core.mutators.base import MutatorResult, RequestContext
+from function.core.view import PODS, REPLICASETS, ClusterView
+from function.serve.app import build_webhook
+from function.serve.http_api import WebhookHttp
+from function.serve.watch import ClusterWatcher, KubeTransport, Response, kube_transport
 
 from .controlplane import ControlPlane
 from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac

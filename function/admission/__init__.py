@@ -1,0 +1,1 @@
+"""AdmissionReview <-> engine: the wire envelope, the review adapter, PodMutation validation."""

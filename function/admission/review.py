@@ -1,0 +1,113 @@
+"""From a parsed AdmissionReview to the reply: the engine's decision in the apiserver's terms."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
+from function.core.engine import Decision, Engine
+from function.core.mutators.base import RequestContext
+from function.core.pod_identity import describe_pod
+from function.core.view import EMPTY_VIEW, ClusterView
+
+log = logging.getLogger("castslice.admission")
+
+
+class DecisionRecorder(Protocol):
+    """Where decisions go after the reply is built (audit events, metrics). Must never block."""
+
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None: ...
+
+
+class NoRecorder:
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+        return None
+
+
+class Answer(NamedTuple):
+    """The reply to one review, and the engine's decision (None when the request was not ours)."""
+
+    response: AdmissionResponse
+    decision: Decision | None
+
+    def review(self, api_version: str) -> dict[str, object]:
+        return self.response.review(api_version)
+
+
+def request_context(review: AdmissionReview, cluster: ClusterView = EMPTY_VIEW) -> RequestContext:
+    request = review.request
+    pod = request.object if isinstance(request.object, dict) else {}
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    namespace = request.namespace or metadata.get("namespace") or ""
+    return RequestContext(
+        uid=request.uid,
+        namespace=namespace if isinstance(namespace, str) else "",
+        operation=request.operation,
+        dry_run=bool(request.dryRun),
+        username=request.userInfo.username or "",
+        groups=tuple(request.userInfo.groups or ()),
+        cluster=cluster,
+    )
+
+
+def naming_pod(message: str, pod: str) -> str:
+    """``castslice: pod ml/x: <what is wrong>``: the Pod first, as kubectl prints the message after
+    'denied the request:'."""
+    if not pod:
+        return message
+    head, sep, rest = message.partition("castslice: ")
+    return f"castslice: {pod}: {rest}" if sep and not head else f"castslice: {pod}: {message}"
+
+
+def response_for(uid: str, decision: Decision, pod: str = "") -> AdmissionResponse:
+    """The reply to a decision; ``pod`` (function/core/pod_identity.py) ends a denial's message, so a
+    multi-document ``kubectl apply`` says which Pod was refused."""
+    audit: dict[str, str] = {"outcome": decision.outcome}
+    # Name the mutators only when their work reaches the apiserver (a patch or a denial), not
+    # when a safety check withheld it.
+    if decision.outcome in ("mutated", "denied") and decision.acting_mutators:
+        audit["mutators"] = ",".join(decision.acting_mutators)
+    if not decision.allowed:
+        return denied(uid, naming_pod(decision.denial or decision.reason, pod), decision.warnings, audit)
+    if decision.patch:
+        return patched(uid, decision.patch, decision.warnings, audit)
+    return allowed(uid, decision.warnings, audit)
+
+
+class Admission:
+    def __init__(
+        self,
+        engine: Engine,
+        recorder: DecisionRecorder | None = None,
+        cluster: Callable[[], ClusterView] = lambda: EMPTY_VIEW,
+    ) -> None:
+        """``cluster`` gives the current read-only snapshot of the cluster; it is called once per
+        review, before the engine runs, so every pass of the review sees the same cluster."""
+        self.engine = engine
+        self.recorder: DecisionRecorder = recorder or NoRecorder()
+        self.cluster = cluster
+
+    def review(self, review: AdmissionReview) -> Answer:
+        request = review.request
+        decision: Decision | None = None
+        if not request.is_pod_create():
+            # Registered for pods CREATE only; anything else (a misconfigured rule) passes untouched.
+            response = allowed(request.uid)
+        else:
+            ctx = request_context(review, self.cluster())
+            try:
+                decision = self.engine.decide(request.object, ctx)
+                response = response_for(request.uid, decision, describe_pod(request.object, ctx.namespace))
+            except Exception as error:  # decide() guards itself; this guards building the reply
+                log.exception("internal error answering request uid %s", request.uid)
+                decision = self.engine.internal_error(error, ctx)
+                response = response_for(request.uid, decision)
+        try:
+            self.recorder.record(review, decision)
+        except Exception:  # recording must never turn an answer into a failure
+            log.exception("recording the decision failed (request uid %s)", request.uid)
+        return Answer(response, decision)

@@ -1,0 +1,1 @@
+"""The controller process (`castslice control`): leader election, work queue, reconcilers."""

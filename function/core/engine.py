@@ -1,0 +1,355 @@
+"""The engine: every mutator, in a fixed order, to a fixed point, and a proven patch.
+
+Gatekeeper's mutation system is the model: mutators run in order, passes repeat until a whole
+pass changes nothing, and a system that does not converge is an error, not a guess. The result
+is then turned into a JSON Patch, the patch is applied to the original and compared with the
+intended Pod, and the apiserver's extended-resource rules are checked. Anything off means the
+Pod is admitted unchanged with a warning: CastSlice never sends a patch that rejects a Pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import is_not
+from typing import Any, Literal
+
+import orjson
+
+from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
+from function.core.config import Config
+from function.core.configtypes import MutatorMode, OnInternalError
+from function.core.json_patch import (
+    Operation,
+    PatchProofError,
+    copy_json,
+    diff,
+    exact_json,
+    prove,
+    quick_changes,
+    same,
+)
+from function.core.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
+from function.core.mutators.registry import Neighbours, Settings
+from function.core.placement import placement_fields, scheduling_violations
+from function.core.pod import Pod, cap_warning, labels_of
+from function.core.rules import introduced_violations
+
+log = logging.getLogger("castslice.engine")
+
+ENGINE_VERSION = "0.1.0"
+MAX_PASSES = 5
+"""Every mutator reaches its fixed point in one pass today; five leaves room and catches loops."""
+
+Outcome = Literal["mutated", "unchanged", "denied", "error"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Everything the engine decided about one Pod: what to reply, and why."""
+
+    outcome: Outcome
+    allowed: bool
+    reason: str
+    patch: tuple[Operation, ...] = ()
+    decisions: tuple[MutatorDecision, ...] = ()
+    warnings: tuple[str, ...] = ()
+    denial: str | None = None
+    mutated_pod: Pod | None = field(default=None, compare=False, repr=False)
+    duration_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def acting_mutators(self) -> tuple[str, ...]:
+        """The mutators whose work reaches the apiserver (shadow ones never do)."""
+        return tuple(d.mutator for d in self.decisions if d.action is not Action.unchanged and not d.shadow)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "patch": list(self.patch),
+            "mutators": [d.as_dict() for d in self.decisions],
+            "warnings": list(self.warnings),
+            "denial": self.denial,
+        }
+
+
+class NotConverged(Exception):
+    pass
+
+
+class MutatorLied(Exception):
+    """A mutator's reported action disagrees with what it did to the Pod: a bug, never trusted."""
+
+
+def build_mutators(config: Config, mode: MutatorMode = MutatorMode.enforce) -> list[Mutator]:
+    """The enabled mutators of the given mode, in the plug-ins' fixed order.
+
+    Each is built knowing the claims of every *other* enabled mutator (shadow ones included, so
+    a mutator behaves the same whether its neighbour enforces or shadows): that is how GPU slicing
+    learns which vGPU resources qualify the GPU count, and vGPU which name slicing renames it to,
+    without pairwise code here.
+    """
+    enabled = config.enabled_plugins()
+    claims = {plugin.name: plugin.claims(section) for plugin, section in enabled}
+    settings = Settings(invalid_annotations=config.invalidAnnotations)
+    mutators: list[Mutator] = []
+    for plugin, section in enabled:
+        if section.mode is not mode:
+            continue
+        neighbours = Neighbours(tuple(c for name, c in claims.items() if name != plugin.name))
+        mutators.append(plugin.build(section, settings, neighbours))
+    return mutators
+
+
+class Engine:
+    def __init__(
+        self,
+        config: Config,
+        mutators: Sequence[Mutator] | None = None,
+        shadow: Sequence[Mutator] | None = None,
+    ) -> None:
+        """``mutators`` and ``shadow`` override what the configuration builds (tests)."""
+        self.config = config
+        self.mutators = list(build_mutators(config) if mutators is None else mutators)
+        self.shadow = list(build_mutators(config, MutatorMode.shadow) if shadow is None else shadow)
+        self._excluded = frozenset(config.excludedNamespaces)
+
+    # -- the public entry point ------------------------------------------------------------
+    def decide(self, pod: Pod, request: RequestContext) -> Decision:
+        """Never raises: an unexpected exception becomes an ``error`` decision per onInternalError."""
+        started = time.perf_counter()
+        try:
+            decision = self._decide(pod, request)
+        except Exception as error:  # nothing escapes: a 500 would hand the Pod to failurePolicy
+            log.exception("internal error deciding on pod (request uid %s)", request.uid)
+            decision = self.internal_error(error, request)
+        # The decision was built just now and nothing else holds it yet: setting the field in place
+        # is what dataclasses.replace would give, without rebuilding (and re-validating) a copy.
+        object.__setattr__(decision, "duration_seconds", time.perf_counter() - started)
+        return decision
+
+    # -- the steps -------------------------------------------------------------------------
+    def _decide(self, pod: Pod, request: RequestContext) -> Decision:
+        if request.namespace in self._excluded:
+            return Decision("unchanged", True, f"namespace {request.namespace} is excluded")
+        if labels_of(pod).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+            return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
+
+        intended, decisions, intended_json = self._run(pod, request)
+        if self.shadow:
+            decisions += self.run_shadow(intended, request)
+            enforcing = tuple(d for d in decisions if not d.shadow)
+        else:
+            enforcing = decisions  # no shadow mutator: no filtering to pay for on every review
+        warnings = tuple(w for d in enforcing for w in d.warnings)
+        denials = [d for d in enforcing if d.action is Action.denied]
+        if denials:
+            message = "; ".join(d.reason for d in denials)
+            return Decision("denied", False, message, decisions=decisions, warnings=warnings, denial=message)
+
+        patch = quick_changes(pod, intended) if intended is not pod else []
+        if not patch and intended is not pod:
+            patch = diff(pod, intended)  # a change == cannot see (1 to true) is still a change
+        if not patch:
+            reasons = "; ".join(f"{d.mutator}: {d.reason}" for d in enforcing)
+            reasons = reasons or ("no mutator enforcing" if self.shadow else "no mutator enabled")
+            return Decision("unchanged", True, reasons, decisions=decisions, warnings=warnings)
+
+        problem = self._proof_problem(pod, patch, intended, intended_json)
+        if problem:
+            # quick_changes trusts ==, which calls 1 and true equal; diff compares as JSON does.
+            exact = diff(pod, intended)
+            if exact != patch:
+                patch, problem = exact, self._proof_problem(pod, exact, intended, intended_json)
+        if problem:
+            log.error("patch withheld for request uid %s: %s", request.uid, problem)
+            return Decision(
+                "error",
+                True,
+                f"patch withheld: {problem}",
+                decisions=decisions,
+                warnings=(
+                    *warnings,
+                    "castslice: mutation withheld by a safety check; Pod admitted unchanged",
+                ),
+            )
+        acted = ", ".join(d.mutator for d in enforcing if d.action is Action.mutated)
+        return Decision(
+            "mutated",
+            True,
+            f"mutated by {acted}",
+            patch=tuple(patch),
+            decisions=decisions,
+            warnings=warnings,
+            mutated_pod=intended,
+        )
+
+    def run_to_fixed_point(
+        self, pod: Pod, request: RequestContext
+    ) -> tuple[Pod, tuple[MutatorDecision, ...]]:
+        """Run every mutator in order until a whole pass changes nothing (or one denies): the
+        intended Pod (``pod`` itself when nothing changed) and what each mutator decided."""
+        intended, decisions, _ = self._run(pod, request)
+        return intended, decisions
+
+    def _run(
+        self, pod: Pod, request: RequestContext
+    ) -> tuple[Pod, tuple[MutatorDecision, ...], bytes | None]:
+        """``run_to_fixed_point``, plus the intended Pod's ``exact_json`` bytes when they are known
+        (the proof reuses them), None otherwise."""
+        if not self.mutators:
+            return pod, (), None
+        # One copy per review, which the mutators edit in place one after another (a deep copy
+        # per mutator run was most of the engine's cost); the original is never handed out.
+        working = _Working(pod)
+        decisions: dict[str, MutatorDecision] = {}
+        for _ in range(MAX_PASSES):
+            changed_in_pass = False
+            for mutator in self.mutators:
+                result = mutator.mutate(working.pod, request)
+                changed = working.settle()
+                _check_honest(mutator, result, changed)
+                previous = decisions.get(mutator.name)
+                # Keep the pass where a mutator acted (a later no-op pass says nothing new); a
+                # denial from any pass is final, whatever the mutator did before.
+                if previous is None or previous.action is Action.unchanged or result.action is Action.denied:
+                    decisions[mutator.name] = MutatorDecision(
+                        mutator.name, result.action, result.reason, result.warnings
+                    )
+                if result.action is Action.denied:
+                    # An honest denial changed nothing (a change would have been a lie, raised
+                    # above): the Pod is as the mutators before it left it.
+                    break
+                changed_in_pass = changed_in_pass or changed
+            else:
+                if changed_in_pass:
+                    continue  # no denial, and a change: another pass, to confirm or go on
+            intended, intended_json = working.intended(pod)
+            return intended, tuple(decisions.values()), intended_json
+        raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
+
+    def run_shadow(self, pod: Pod, request: RequestContext) -> tuple[MutatorDecision, ...]:
+        """Each shadow mutator once, on its own copy of the Pod the enforcing mutators produced:
+        what it would do is recorded (``shadow=True``); its changes and denials go nowhere."""
+        decisions = []
+        for mutator in self.shadow:
+            working = _Working(pod)
+            result = mutator.mutate(working.pod, request)
+            _check_honest(mutator, result, working.settle())
+            decisions.append(
+                MutatorDecision(mutator.name, result.action, result.reason, result.warnings, True)
+            )
+        return tuple(decisions)
+
+    def _proof_problem(
+        self, original: Pod, patch: list[Operation], intended: Pod, intended_json: bytes | None = None
+    ) -> str | None:
+        try:
+            patched = prove(original, patch, intended, intended_json)
+        except PatchProofError as error:
+            return str(error)
+        introduced = introduced_violations(original, intended)
+        # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
+        # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
+        # The patched Pod (proven equal to the intended one) shares every subtree the patch leaves
+        # alone with the original: the very same placement fields have the original's violations,
+        # so nothing to check when the patch touches none of them (a GPU patch never does).
+        if any(map(is_not, placement_fields(patched), placement_fields(original))):
+            placement = scheduling_violations(intended)
+            if placement:  # the original is walked only when the result has a violation at all
+                introduced |= placement - scheduling_violations(original)
+        if introduced:
+            return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
+        return None
+
+    def internal_error(self, error: Exception, request: RequestContext) -> Decision:
+        summary = f"internal error: {type(error).__name__}"
+        if self.config.onInternalError is OnInternalError.deny:
+            message = f"castslice: {summary} (request uid {request.uid}); Pod denied by onInternalError: deny"
+            return Decision("error", False, f"{summary}: {error}", denial=message)
+        return Decision(
+            "error",
+            True,
+            f"{summary}: {error}",
+            warnings=(cap_warning(f"castslice: {summary}; Pod admitted unchanged"),),
+        )
+
+
+def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> None:
+    if changed and result.action is not Action.mutated:
+        raise MutatorLied(f"{mutator.name} changed the Pod but reported {result.action.value}")
+    if result.action is Action.mutated and not changed:
+        raise MutatorLied(f"{mutator.name} reported mutated but changed nothing")
+
+
+class _Working:
+    """The engine's own copy of the Pod, which the mutators edit in place one after another, and
+    a record of its last accepted content, to tell what each mutator did.
+
+    The record is the Pod's ``exact_json`` bytes (orjson, in C, about 2 us): the same bytes after
+    a mutator mean it changed nothing, as JSON sees it (1, 1.0 and true are written differently,
+    which Python's == calls equal) nor even a key order. That replaces the deep copy per mutator
+    run (marshal, about 12 us) the engine compared with ==. When orjson cannot write the Pod (an
+    integer beyond 64 bits, a type JSON lacks), the record is a deep copy compared with ``same``.
+    """
+
+    __slots__ = ("_saved", "changed", "json", "pod")
+    pod: Pod
+    """The copy the mutators edit."""
+    json: bytes | None
+    """The record: ``exact_json`` of the last accepted content, or None (see ``_saved``)."""
+    _saved: Pod | None
+    """The record when orjson cannot write the Pod: a deep copy of the last accepted content."""
+    changed: bool
+    """Whether any mutator changed the Pod since the copy was made."""
+
+    def __init__(self, original: Pod) -> None:
+        self.changed = False
+        data = exact_json(original)
+        if data is not None:
+            copy = orjson.loads(data)
+            # orjson writes NaN and the infinities as null and a tuple as a list, which reads back
+            # as something else: the copy is used only when Python's == finds nothing of the kind.
+            if copy == original:
+                self.pod, self.json, self._saved = copy, data, None
+                return
+        self.pod = copy_json(original)  # marshal keeps every type, or refuses (an internal error)
+        self.json = None
+        self._saved = copy_json(original)
+
+    def settle(self) -> bool:
+        """Whether the mutator that just ran changed the Pod as JSON sees it. A change becomes the
+        record; anything else leaves no trace: a Pod equal as JSON but with its keys in another
+        order is put back as it was (the engine used to drop such a run's copy, and the order
+        decides the order of the patch's operations)."""
+        if self.json is not None:
+            after = exact_json(self.pod)
+            if after == self.json:
+                return False  # the common case: one serialization, no walk
+            if after is not None and len(after) != len(self.json):
+                # Other bytes of the same length may be the same members in another order; other
+                # lengths are a change (the usual one: a mutator adds, removes or renames).
+                self.json, self._saved, self.changed = after, None, True
+                return True
+            before = orjson.loads(self.json)
+        else:
+            after = None
+            before = self._saved
+        if same(before, self.pod):
+            self.pod = before
+            if self.json is None:
+                self._saved = copy_json(before)  # the record must not be the Pod mutators edit
+            return False
+        self.json = after
+        self._saved = None if after is not None else copy_json(self.pod)
+        self.changed = True
+        return True
+
+    def intended(self, original: Pod) -> tuple[Pod, bytes | None]:
+        """The intended Pod and its ``exact_json`` bytes (None when unknown): the original itself,
+        and None, when no mutator changed anything (no patch to build, nothing to prove)."""
+        return (self.pod, self.json) if self.changed else (original, None)

@@ -1,0 +1,119 @@
+"""The one protocol every mutator follows.
+
+A mutator is a pure decision over a plain Pod dict: the engine hands it a private working copy,
+the mutator edits that copy in place (or leaves it alone) and returns a ``MutatorResult`` saying
+what it did and why. The engine compares the copy with what it handed over, so a mutator that
+claims one thing and does another is caught, not trusted. Everything a mutator may know besides
+the Pod comes in the ``RequestContext``, the cluster included, as a read-only snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from function.core.pod import Pod, fit_warning, shown
+from function.core.view import EMPTY_VIEW, ClusterView
+
+
+class Action(StrEnum):
+    mutated = "mutated"
+    unchanged = "unchanged"
+    denied = "denied"
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a mutator may know about the admission request besides the Pod itself."""
+
+    uid: str = ""
+    namespace: str = ""
+    operation: str = "CREATE"
+    dry_run: bool = False
+    username: str = ""
+    groups: tuple[str, ...] = ()
+    cluster: ClusterView = field(default=EMPTY_VIEW, compare=False, repr=False)
+    """One immutable snapshot of the cluster for the whole review (EMPTY_VIEW: none at all)."""
+
+
+@dataclass(frozen=True)
+class MutatorResult:
+    action: Action
+    reason: str
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def mutated(cls, reason: str, *warnings: str) -> MutatorResult:
+        return cls(Action.mutated, reason, warnings)
+
+    @classmethod
+    def unchanged(cls, reason: str, *warnings: str) -> MutatorResult:
+        return cls(Action.unchanged, reason, warnings)
+
+    @classmethod
+    def denied(cls, message: str) -> MutatorResult:
+        """``message`` is what the kubectl user reads; it must name the input and what is accepted."""
+        return cls(Action.denied, message)
+
+
+@dataclass(frozen=True)
+class MutatorDecision:
+    """A mutator's part in one admission decision, as reported to users and audit consumers."""
+
+    mutator: str
+    action: Action
+    reason: str
+    warnings: tuple[str, ...] = field(default=())
+    shadow: bool = False
+    """Decided in shadow mode: audited only; its changes and denials were not sent."""
+
+    def as_dict(self) -> dict[str, Any]:
+        decided: dict[str, Any] = {
+            "mutator": self.mutator,
+            "action": self.action.value,
+            "reason": self.reason,
+            "warnings": list(self.warnings),
+        }
+        if self.shadow:
+            decided["shadow"] = True
+        return decided
+
+
+class Mutator(Protocol):
+    """``name`` is stable (it appears in events and metrics); ``mutate`` may edit ``pod`` in place."""
+
+    name: str
+
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult: ...
+
+
+class InvalidAnnotation(Exception):
+    """A Pod carries an annotation value a mutator cannot act on. Under ``invalidAnnotations: deny``
+    the ``message`` is the denial (it names the annotation, the value and what is accepted); under
+    ``warn`` the ``warning`` says what was ignored and keeps the advice within 120 characters."""
+
+    def __init__(
+        self, annotation: str, value: object, accepted: str, accepted_short: str = "", consequence: str = ""
+    ) -> None:
+        self.annotation = annotation
+        self.value = value
+        self.accepted = accepted
+        self.accepted_short = accepted_short or accepted
+        self.consequence = consequence
+        """What ignoring it means for the Pod ("Pod not sliced"), for the warning."""
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return (
+            f"annotation {self.annotation}: {shown(self.value, 64)} is not valid; accepted: {self.accepted}"
+        )
+
+    @property
+    def warning(self) -> str:
+        # The head (what was found) is cut before the tail (what to do about it).
+        ignored = f"castslice: {self.annotation}={shown(self.value)} ignored"
+        if self.consequence:
+            ignored += f", {self.consequence}"
+        return fit_warning(ignored, f"; use {self.accepted_short}")

@@ -1,0 +1,226 @@
+"""PodMutation policies: CAST AI's pod mutator as a Kubernetes resource, one mutator plug-in.
+
+The PodMutations come from the cluster view (watched ``castops.io/v1alpha1`` objects, and CAST AI's
+``pod-mutations.cast.ai/v1`` ones when ``podMutations.castaiObjects`` is on), compiled once when
+loaded (``function.core.podmutation.compiled``). For each Pod: the workload is found through the
+controller chain, the most specific matching mutation is chosen, applied, and named (name and
+generation) in the decision. A Pod already marked by a mutation is left alone, so the engine's
+second pass and the apiserver's reinvocation add nothing.
+
+It never denies: a patch list that fails is dropped with a warning, an invalid PodMutation is
+skipped (and was refused at ``kubectl apply`` by the validating webhook in the first place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from function.core.configtypes import MutatorConfig
+from function.core.mutators.base import MutatorResult, RequestContext
+from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
+from function.core.placement import SiblingCounts
+from function.core.pod import WARNING_LIMIT, Pod, labels_of
+from function.core.podmutation.apply import Siblings, apply_mutation, marked_by
+from function.core.podmutation.compiled import CompiledMutation, InvalidMutation, compile_object
+from function.core.podmutation.match import OwnerLookup, Workload, select, workload_of
+from function.core.podmutation.spec import CASTAI_GROUP, CASTAI_VERSION, KIND, OUR_GROUP, OUR_VERSION, PLURAL
+from function.core.view import (
+    PODS,
+    REPLICASETS,
+    ClusterView,
+    Owner,
+    WatchSpec,
+    controller_of,
+)
+
+NAME = "pod-mutations"
+CASTAI_OPT_OUT_LABEL = "pod-mutator.cast.ai/ignore"
+"""CAST AI's pod mutator leaves a Pod labelled ``pod-mutator.cast.ai/ignore: "true"`` alone; so do we."""
+
+
+class PodMutationsConfig(MutatorConfig):
+    """``podMutations``: off by default (running locally needs no cluster); on in the manifests."""
+
+    castaiObjects: bool = False
+    """Also read CAST AI's own ``pod-mutations.cast.ai/v1`` PodMutation objects (same spec), so a
+    migrating cluster needs no rewrite. Needs list/watch on that group (see the README)."""
+
+
+class JobRecord(NamedTuple):
+    namespace: str
+    name: str
+    uid: str
+    owner: Owner
+
+
+def slim_job(obj: Mapping[str, Any]) -> JobRecord | None:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("uid"), str) or not metadata["uid"]:
+        return None
+    return JobRecord(
+        str(metadata.get("namespace", "")),
+        str(metadata.get("name", "")),
+        metadata["uid"],
+        controller_of(metadata),
+    )
+
+
+def slim_podmutation(obj: Mapping[str, Any]) -> CompiledMutation | InvalidMutation | None:
+    """The compiled PodMutation (or why it is invalid) kept in the index: parsed once, when loaded."""
+    return compile_object(obj)
+
+
+JOBS = WatchSpec(
+    index="jobs", group="batch", version="v1", plural="jobs", kind="Job", slim=slim_job, metadata_only=True
+)
+"""Jobs, for Pod -> Job -> CronJob (the workload kind a CronJob's Pods match)."""
+OUR_MUTATIONS = WatchSpec(
+    index="podmutations", group=OUR_GROUP, version=OUR_VERSION, plural=PLURAL, kind=KIND,
+    slim=slim_podmutation, namespaced=False,
+)  # fmt: skip
+CASTAI_MUTATIONS = WatchSpec(
+    index="podmutations-castai", group=CASTAI_GROUP, version=CASTAI_VERSION, plural=PLURAL, kind=KIND,
+    slim=slim_podmutation, namespaced=False,
+)  # fmt: skip
+
+
+def watches(config: PodMutationsConfig) -> tuple[WatchSpec, ...]:
+    specs = (OUR_MUTATIONS, PODS, REPLICASETS, JOBS)
+    return (*specs, CASTAI_MUTATIONS) if config.castaiObjects else specs
+
+
+def _owner_lookup(view: ClusterView) -> OwnerLookup | None:
+    replicasets, jobs = view.index(REPLICASETS.index), view.index(JOBS.index)
+
+    def owner_of(kind: str, name: str, uid: str) -> tuple[str, str, str] | None:
+        index = replicasets if kind == "ReplicaSet" else jobs if kind == "Job" else None
+        record = index.get(uid) if index is not None else None
+        owner = getattr(record, "owner", None)
+        if isinstance(owner, Owner) and owner.uid:
+            return owner.kind, owner.name, owner.uid
+        return None
+
+    return owner_of if view.available else None
+
+
+def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
+    """The live Pods of the same controller, by placement (from the view's Pods grouped by owner)."""
+    metadata = pod.get("metadata")
+    owner = controller_of(metadata if isinstance(metadata, Mapping) else {})
+    if not owner.uid or not view.available:
+        return Siblings()
+    spot = on_demand = unplaced = 0
+    groups: list[str] = []
+    for record in view.group(PODS.index, owner.uid).values():
+        if getattr(record, "terminating", False):
+            continue
+        placement = getattr(record, "placement", "")
+        spot += placement == "spot"
+        on_demand += placement == "on-demand"
+        unplaced += placement not in ("spot", "on-demand")
+        group = getattr(record, "group", "")
+        if group:
+            groups.append(group)
+    return Siblings(SiblingCounts(spot=spot, on_demand=on_demand, unplaced=unplaced), tuple(groups))
+
+
+def loaded_mutations(view: ClusterView, castai: bool) -> tuple[list[CompiledMutation], list[InvalidMutation]]:
+    indices = [OUR_MUTATIONS.index, CASTAI_MUTATIONS.index] if castai else [OUR_MUTATIONS.index]
+    valid: list[CompiledMutation] = []
+    invalid: list[InvalidMutation] = []
+    for name in indices:
+        for record in view.index(name).values():
+            if isinstance(record, CompiledMutation):
+                valid.append(record)
+            elif isinstance(record, InvalidMutation):
+                invalid.append(record)
+    return valid, invalid
+
+
+def _short(text: str) -> str:
+    """The apiserver passes at most WARNING_LIMIT characters of a warning on."""
+    return text if len(text) <= WARNING_LIMIT else text[: WARNING_LIMIT - 3] + "..."
+
+
+def describe_workload(workload: Workload) -> str:
+    return f"{workload.kind}/{workload.name}"
+
+
+class PodMutations:
+    name = NAME
+
+    def __init__(self, config: PodMutationsConfig) -> None:
+        self.config = config
+        # The valid mutations of the last index state seen: the view hands out the same immutable
+        # index object until a PodMutation changes, so most reviews skip the sorting-out.
+        self._loaded: tuple[tuple[object, ...], list[CompiledMutation]] = ((), [])
+
+    def _mutations(self, view: ClusterView) -> list[CompiledMutation]:
+        names = (
+            [OUR_MUTATIONS.index, CASTAI_MUTATIONS.index]
+            if self.config.castaiObjects
+            else [OUR_MUTATIONS.index]
+        )
+        indices = tuple(view.index(name) for name in names)
+        key, valid = self._loaded
+        if len(key) == len(indices) and all(a is b for a, b in zip(key, indices, strict=True)):
+            return valid
+        valid, _invalid = loaded_mutations(view, self.config.castaiObjects)
+        self._loaded = (indices, valid)
+        return valid
+
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
+        marked = marked_by(pod)
+        if marked is not None:
+            return MutatorResult.unchanged(f"already mutated by podmutation {marked}")
+        if labels_of(pod).get(CASTAI_OPT_OUT_LABEL) == "true":
+            return MutatorResult.unchanged(f"pod opted out ({CASTAI_OPT_OUT_LABEL}=true)")
+        view = ctx.cluster
+        mutations = self._mutations(view)
+        if not mutations:
+            return MutatorResult.unchanged("no PodMutation loaded")
+        workload = workload_of(pod, ctx.namespace, _owner_lookup(view))
+        selection = select(mutations, workload, pod)
+        chosen = selection.winner
+        if chosen is None:
+            return MutatorResult.unchanged(f"no PodMutation matches {describe_workload(workload)}")
+        mutation = chosen.mutation
+        result, done = apply_mutation(pod, mutation, siblings_of(pod, view))
+        if result is not pod:  # a patch replaced the whole Pod object: the engine reads ``pod``
+            pod.clear()
+            pod.update(result)
+        label = f"podmutation {mutation.name} (generation {mutation.generation})"
+        # The warning (120 characters at most) says what failed; the decision's reason has it whole.
+        warnings = [_short(f"podmutation {mutation.ref}: {w}") for w in done.warnings]
+        if selection.tied:
+            others = ", ".join(c.mutation.name for c in selection.tied)
+            warnings.append(_short(f"{label} chosen by name over equally specific {others}"))
+        changes = "; ".join(done.changes + done.warnings) or "no change but the mark"
+        reason = f"{label} for {describe_workload(workload)}: {changes}"
+        if done.notes:  # extended paths that selected nothing: skipped, and said so
+            reason += "; skipped: " + "; ".join(done.notes)
+        return MutatorResult.mutated(reason, *warnings)
+
+
+def build(config: PodMutationsConfig, settings: Settings, neighbours: Neighbours) -> PodMutations:
+    return PodMutations(config)
+
+
+PLUGIN = MutatorPlugin(
+    name=NAME,
+    order=250,
+    config_key="podMutations",
+    config_model=PodMutationsConfig,
+    build=build,
+    watches=watches,
+)
+
+
+def mutation_records(objects: Iterable[Mapping[str, Any]]) -> dict[str, CompiledMutation | InvalidMutation]:
+    """Offline: PodMutation objects -> the index records a view would hold (keyed like the watch)."""
+    records: dict[str, CompiledMutation | InvalidMutation] = {}
+    for obj in objects:
+        compiled = compile_object(obj)
+        records[compiled.uid] = compiled
+    return records

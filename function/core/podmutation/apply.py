@@ -1,0 +1,333 @@
+"""Applying the winning PodMutation to a Pod (a plain dict, edited in place).
+
+Order (CAST AI's: "all preceding mutations have a priority, and the patch is applied at the end"):
+labels, annotations, nodeSelector, tolerations, affinity, node-template consolidation, spot
+settings, then the JSON patches, which therefore win on conflict. Every declarative step is
+idempotent (a value already there is not added twice). A patch list that fails (a failed
+``test``, a missing path) is dropped whole with a warning: the Pod keeps the rest of the decision.
+
+Finally the Pod is marked ``castops.io/pod-mutation: <name>/<generation>``: a marked Pod is left
+alone, so a second pass (the engine's fixed point, the apiserver's reinvocation) adds nothing,
+even when a patch is not idempotent (``add /spec/tolerations/-``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from function.core.json_patch import copy_json
+from function.core.placement import (
+    CASTAI,
+    PLACEMENT_LABEL,
+    Placement,
+    SiblingCounts,
+    apply_spot_mode,
+    partial_split,
+    scheduling_violations,
+)
+from function.core.podmutation.compiled import CompiledMutation, Group
+from function.core.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
+from function.core.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
+from function.core.view import MUTATION_GROUP_ANNOTATION
+
+MARK_ANNOTATION = "castops.io/pod-mutation"
+"""``<name>/<generation>`` of the PodMutation applied to this Pod."""
+GROUP_ANNOTATION = MUTATION_GROUP_ANNOTATION
+"""The distribution group chosen for this Pod (siblings are counted by it, through the view)."""
+
+NODE_AFFINITY = "nodeAffinity"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def marked_by(pod: Mapping[str, Any]) -> str | None:
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(MARK_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """The other live Pods of the same controller (from the cluster view); empty offline, so every
+    Pod is then counted as the first of its controller."""
+
+    counts: SiblingCounts = field(default_factory=SiblingCounts)
+    groups: tuple[str, ...] = ()  # the GROUP_ANNOTATION of each sibling that has one
+
+
+def choose_group(groups: Sequence[Group], siblings: Siblings) -> Group | None:
+    """The group furthest below its share among T = siblings + this Pod; the remainder (100 % minus
+    the groups' sum) is the "no group" share. Ties go to the earlier group, then to no group."""
+    total = siblings.counts.total_with_new
+    best: Group | None = None
+    best_deficit = -math.inf
+    for group in groups:
+        deficit = total * group.percentage / 100 - sum(1 for g in siblings.groups if g == group.name)
+        if group.percentage and deficit > best_deficit:
+            best, best_deficit = group, deficit
+    rest = 100 - sum(g.percentage for g in groups)
+    if rest:
+        known = {g.name for g in groups}
+        rest_deficit = total * rest / 100 - sum(1 for g in siblings.groups if g not in known)
+        if rest_deficit > best_deficit:
+            return None
+    return best
+
+
+@dataclass
+class Applied:
+    changes: list[str] = field(default_factory=list)  # what changed, in order, for the decision
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # skipped extended paths and such (not warnings)
+    placement: Placement | None = None
+    group: str | None = None
+
+
+def _map(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if not isinstance(value, dict):
+        value = parent[key] = {}
+    return value
+
+
+def _list(parent: dict[str, Any], key: str) -> list[Any]:
+    value = parent.get(key)
+    if not isinstance(value, list):
+        value = parent[key] = []
+    return value
+
+
+def _same_toleration(a: Any, b: Mapping[str, Any]) -> bool:
+    if not isinstance(a, Mapping):
+        return False
+    fields = ("key", "value", "effect", "tolerationSeconds")
+    return all(
+        (a.get(f) in (None, "") and b.get(f) in (None, "")) or a.get(f) == b.get(f) for f in fields
+    ) and ((a.get("operator") or "Equal") == (b.get("operator") or "Equal"))
+
+
+def add_toleration(spec: dict[str, Any], toleration: Mapping[str, Any]) -> bool:
+    tolerations = _list(spec, "tolerations")
+    if any(_same_toleration(t, toleration) for t in tolerations):
+        return False
+    tolerations.append(dict(toleration))
+    return True
+
+
+def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) -> bool:
+    """AND an OR of node selector terms into the Pod's required node affinity: every existing term
+    gets each new term's expressions (the cross product), since appending a term would widen
+    placement instead of narrowing it. Expressions already present are not repeated."""
+    affinity = _map(_map(spec, "affinity"), NODE_AFFINITY)
+    required = affinity.get(REQUIRED)
+    existing = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(existing, list) or not existing:
+        new_terms = [_term_copy(t) for t in terms]
+    else:
+        new_terms = []
+        for old in existing:
+            for term in terms:
+                merged = _term_copy(old) if isinstance(old, Mapping) else {}
+                for part in ("matchExpressions", "matchFields"):
+                    for expression in term.get(part, []):
+                        items = merged.setdefault(part, [])
+                        if expression not in items:
+                            items.append(copy_json(expression))  # one object per term, never shared
+                new_terms.append(merged)
+    before = existing if isinstance(existing, list) else None
+    if before == new_terms:
+        return False
+    if not isinstance(required, dict):
+        required = affinity[REQUIRED] = {}
+    required["nodeSelectorTerms"] = new_terms
+    return True
+
+
+def _term_copy(term: Mapping[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = copy_json(dict(term))
+    return copied
+
+
+def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) -> bool:
+    items = _list(_map(_map(spec, "affinity"), NODE_AFFINITY), PREFERRED)
+    changed = False
+    for term in preferred:
+        if term not in items:
+            items.append(_term_copy(term))
+            changed = True
+    return changed
+
+
+def pod_shape_problem(pod: Any, before: Any = None) -> str | None:
+    """What the apiserver would refuse in the Pod's placement fields (labels, annotations,
+    nodeSelector, tolerations, node affinity: ``placement.scheduling_violations``) that ``before``
+    did not already have, or None. Not a full Pod validation: a check that keeps the usual patch
+    mistakes from turning into a patch the engine must withhold."""
+    if (
+        not isinstance(pod, dict)
+        or not isinstance(pod.get("metadata"), dict)
+        or not isinstance(pod.get("spec"), dict)
+    ):
+        return "metadata and spec must stay objects"
+    introduced = scheduling_violations(pod) - (
+        scheduling_violations(before) if isinstance(before, dict) else set()
+    )
+    return "; ".join(sorted(introduced)) or None
+
+
+def _run_sequences(
+    pod: dict[str, Any], sequences: Sequence[Sequence[CompiledOperation]], what: str, done: Applied
+) -> dict[str, Any]:
+    for i, sequence in enumerate(sequences):
+        outcome = apply_sequence(pod, sequence)
+        label = what if len(sequences) == 1 else f"{what} #{i + 1}"
+        done.notes.extend(f"{label} {note}" for note in outcome.skipped)
+        if outcome.document is None:
+            done.warnings.append(f"{label} not applied: {outcome.error}")
+            continue
+        problem = pod_shape_problem(outcome.document, pod)
+        if problem:
+            done.warnings.append(f"{label} not applied: the Pod would be invalid: {problem}")
+            continue
+        if outcome.applied:
+            pod = outcome.document
+            done.changes.append(f"{label} ({len(outcome.applied)} ops)")
+    return pod
+
+
+def _is_template(pod: dict[str, Any]) -> bool:
+    metadata = pod.get("metadata")
+    return not (isinstance(metadata, dict) and (metadata.get("name") or metadata.get("generateName")))
+
+
+def _distributes(mutation: CompiledMutation) -> bool:
+    """Whether the mutation splits a workload's Pods (a share below 100 %, or groups)."""
+    spot = mutation.spec.spotConfig
+    return bool(mutation.groups) or (spot is not None and spot.distributionPercentage < 100)
+
+
+def apply_mutation(
+    pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings()
+) -> tuple[dict[str, Any], Applied]:
+    """The mutated Pod (``pod`` itself, edited, unless a patch replaced it) and what was done."""
+    spec_in = mutation.spec
+    done = Applied()
+    metadata = _map(pod, "metadata")
+    spec = _map(pod, "spec")
+
+    if spec_in.labels:
+        labels = _map(metadata, "labels")
+        changed = [k for k, v in spec_in.labels.items() if labels.get(k) != v]
+        labels.update(spec_in.labels)
+        if changed:
+            done.changes.append("labels " + ",".join(changed))
+    if spec_in.annotations:
+        annotations = _map(metadata, "annotations")
+        changed = [k for k, v in spec_in.annotations.items() if annotations.get(k) != v]
+        annotations.update(spec_in.annotations)
+        if changed:
+            done.changes.append("annotations " + ",".join(changed))
+    if spec_in.nodeSelector is not None:
+        selector = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), dict) else {}
+        assert isinstance(selector, dict)
+        before = dict(selector)
+        selector.update(spec_in.nodeSelector.add)
+        for key in spec_in.nodeSelector.remove:
+            selector.pop(key, None)
+        if selector != before:
+            done.changes.append("nodeSelector")
+        if selector:
+            spec["nodeSelector"] = selector
+        else:
+            spec.pop("nodeSelector", None)
+    added = sum(add_toleration(spec, t.as_pod_field()) for t in spec_in.tolerations)
+    if added:
+        done.changes.append(f"tolerations +{added}")
+    if spec_in.affinity is not None:
+        node = spec_in.affinity.nodeAffinity
+        if node.requiredDuringSchedulingIgnoredDuringExecution is not None:
+            terms = [
+                t.model_dump(exclude_defaults=True)
+                for t in node.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms
+            ]
+            if and_into_required(spec, terms):
+                done.changes.append("required node affinity")
+        preferred = [
+            p.model_dump(exclude_defaults=True) for p in node.preferredDuringSchedulingIgnoredDuringExecution
+        ]
+        if preferred and add_preferred(spec, preferred):
+            done.changes.append("preferred node affinity")
+    templates = spec_in.nodeTemplatesToConsolidate
+    if templates:
+        selector = spec.get("nodeSelector")
+        if isinstance(selector, dict) and NODE_TEMPLATE_KEY in selector:
+            del selector[NODE_TEMPLATE_KEY]  # consolidation turns this selector into the affinity below
+            if not selector:
+                del spec["nodeSelector"]
+            done.changes.append("node-template nodeSelector -> affinity")
+        term = {"matchExpressions": [{"key": NODE_TEMPLATE_KEY, "operator": "In", "values": list(templates)}]}
+        if and_into_required(spec, [term]):
+            done.changes.append("node templates " + ",".join(templates))
+        for template in templates:
+            toleration = {
+                "key": NODE_TEMPLATE_KEY,
+                "operator": "Equal",
+                "value": template,
+                "effect": "NoSchedule",
+            }
+            if add_toleration(spec, toleration):
+                done.changes.append(f"toleration {template}")
+
+    mode: SpotMode | None = None
+    if _is_template(pod) and _distributes(mutation):
+        # A workload's Pod template (castslice mutate: no name, no generateName): a share chosen
+        # here would pin every Pod of the workload to one side. Each Pod is placed when created.
+        group = None
+        done.notes.append("spot distribution and groups: chosen per Pod when each is created")
+    elif mutation.groups:
+        group = choose_group(mutation.groups, siblings)
+    else:
+        group = None
+    if _is_template(pod) and _distributes(mutation):
+        pass
+    elif group is not None:
+        done.group = group.name
+        mode = group.spot_mode
+        if mode is not None:
+            done.placement = "spot"
+    elif mutation.spec.spotConfig is not None:
+        done.placement = partial_split(siblings.counts, mutation.spec.spotConfig.distributionPercentage)
+        mode = mutation.spec.spotConfig.mode if done.placement == "spot" else None
+    elif mutation.groups:
+        done.group = ""
+        if any(g.spot_mode for g in mutation.groups):
+            done.placement = "on-demand"
+    if done.placement is not None:
+        # The spot placement machinery (function/core/placement.py), CAST AI's node labels and taint;
+        # the on-demand share drops spot tolerations and selectors so it really runs on-demand.
+        account = apply_spot_mode(pod, mode or "on-demand", CASTAI)
+        done.changes.append(f"{done.placement}" + (f" ({account})" if account else ""))
+
+    # Our bookkeeping goes in before the patches (so /metadata/annotations exists for a patch that
+    # adds one annotation, as the seed's Terraform example does) and again after them (so a patch
+    # that removed the annotations cannot undo it).
+    _mark(pod, mutation, done)
+    pod = _run_sequences(pod, mutation.sequences, "patches", done)
+    if group is not None and group.sequences:
+        pod = _run_sequences(pod, group.sequences, f"group {group.name} patches", done)
+    _mark(pod, mutation, done)
+    return pod, done
+
+
+def _mark(pod: dict[str, Any], mutation: CompiledMutation, done: Applied) -> None:
+    annotations = _map(_map(pod, "metadata"), "annotations")
+    annotations[MARK_ANNOTATION] = mutation.ref
+    if done.placement is not None:
+        # the label the spot mutator also writes and counts siblings by
+        _map(pod["metadata"], "labels")[PLACEMENT_LABEL] = done.placement
+    if done.group is not None:
+        annotations[GROUP_ANNOTATION] = done.group or "none"

@@ -1,0 +1,494 @@
+"""The cluster view: what a mutator may know about the cluster, read-only and frozen per review.
+
+Mutators stay pure functions. The edge (``function/serve/watch.py``) keeps the state current from
+list+watch streams; a mutator only ever sees a ``ClusterView`` snapshot taken once per review,
+before the fixed-point passes, so every pass judges against the same cluster and no Kubernetes API
+call happens while a review is answered. Offline (``castslice mutate --cluster STATE.yaml``) and in
+tests the same view comes from a file or from records (``StaticView``, ``load_state``).
+
+What is kept is decided by ``WatchSpec``s that plug-ins declare (``MutatorPlugin.watches``): a
+plug-in that needs nothing declares nothing, and then nothing is watched and no RBAC is granted.
+
+Layout of one index (``IndexState``):
+
+- ``records``: key (the object's uid) -> slim record, for lookups such as "the ReplicaSet that owns
+  this Pod";
+- ``groups``: group key -> {uid -> record}, when the spec has ``group_by`` (Pods by controller uid),
+  so counting a Pod's siblings costs O(siblings), never O(all Pods).
+
+Both are ``immutables.Map`` (a hash array mapped trie, the structure behind ``contextvars``): an
+update makes a new map sharing all but O(log n) nodes with the old one (~1 us at 100k entries,
+measured), so the watch thread publishes a new state per event and a snapshot is a reference
+copy (O(1)); a plain dict would need a 12 ms copy of 100k entries per event to stay immutable.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
+
+import immutables
+import yaml
+
+Record = Any
+"""A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
+
+# The keys the webhook writes on the Pods it places and reads back through the view. They are
+# defined here, once, and imported by the mutators that write them (placement, pod mutations), so a
+# Pod's part in a split costs a few short strings in the view, not its whole label map.
+PLACEMENT_LABEL = "castops.io/placement"
+"""The label the spot placement mutator writes on a Pod it placed (``spot`` / ``on-demand``)."""
+DECISION_ANNOTATION = "castops.io/placement-decision"
+"""The admission uid of the decision that placed a Pod (the edge matches its recent decisions by it)."""
+MUTATION_GROUP_ANNOTATION = "castops.io/pod-mutation-group"
+"""The PodMutation distribution group chosen for a Pod (its siblings are counted by it)."""
+
+
+# -- slim records ---------------------------------------------------------------------------------
+class Owner(NamedTuple):
+    """The controller ownerReference (``controller: true``); the empty owner when there is none."""
+
+    uid: str = ""
+    kind: str = ""
+    name: str = ""
+
+
+NO_OWNER = Owner()
+
+
+class PodRecord(NamedTuple):
+    """What the view keeps of a Pod: about 0.5 KiB at 100k Pods (indices included, measured by
+    tests/benchmark_view.py), not the object's 5-20 KiB."""
+
+    namespace: str
+    name: str
+    uid: str
+    owner: Owner
+    placement: str
+    """The value of PLACEMENT_LABEL ("" when the webhook did not place the Pod)."""
+    terminating: bool
+    """metadata.deletionTimestamp is set: the Pod is on its way out (graceful deletion) and should
+    not count as a running sibling."""
+    decision: str = ""
+    """The value of DECISION_ANNOTATION: the admission uid of the spot decision that placed the Pod,
+    so the spot mutator can tell which of its process's recent decisions the view already shows."""
+    group: str = ""
+    """The value of MUTATION_GROUP_ANNOTATION: the PodMutation distribution group it was given."""
+
+
+class ReplicaSetRecord(NamedTuple):
+    namespace: str
+    name: str
+    uid: str
+    owner: Owner
+    """The Deployment that controls the ReplicaSet (empty for a bare ReplicaSet)."""
+    replicas: int | None
+    """spec.replicas: the desired count (None when the state did not carry the spec)."""
+    terminating: bool
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _interned(value: object) -> str:
+    # Namespaces, owner uids and placements repeat across thousands of Pods: one string each.
+    return sys.intern(value) if isinstance(value, str) else ""
+
+
+def controller_of(metadata: Mapping[str, Any]) -> Owner:
+    """The ownerReference with ``controller: true`` (there is at most one), else NO_OWNER."""
+    references = metadata.get("ownerReferences")
+    if not isinstance(references, list):
+        return NO_OWNER
+    for reference in references:
+        if isinstance(reference, Mapping) and reference.get("controller") is True:
+            return Owner(
+                _interned(reference.get("uid")),
+                _interned(reference.get("kind")),
+                _interned(reference.get("name")),
+            )
+    return NO_OWNER
+
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+"""Pods that finished (an evicted Pod stays ``Failed`` until deleted) are no running siblings. The
+watch filters them out on the server (a Pod leaving the selector arrives as DELETED), and ``slim_pod``
+drops them when a whole Pod (from a state file) shows its phase."""
+
+
+def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
+    """A Pod (full or PartialObjectMetadata) -> PodRecord; None for a finished Pod or no uid."""
+    status = obj.get("status")
+    if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
+        return None
+    metadata = _metadata(obj)
+    uid = _text(metadata.get("uid"))
+    if not uid:
+        return None
+    labels = metadata.get("labels")
+    placement = labels.get(PLACEMENT_LABEL) if isinstance(labels, Mapping) else None
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, Mapping):
+        annotations = {}
+    return PodRecord(
+        namespace=_interned(metadata.get("namespace")),
+        name=_text(metadata.get("name")),
+        uid=uid,
+        owner=controller_of(metadata),
+        placement=_interned(placement),
+        terminating=metadata.get("deletionTimestamp") is not None,
+        decision=_text(annotations.get(DECISION_ANNOTATION)),
+        group=_interned(annotations.get(MUTATION_GROUP_ANNOTATION)),
+    )
+
+
+def slim_replicaset(obj: Mapping[str, Any]) -> ReplicaSetRecord | None:
+    metadata = _metadata(obj)
+    uid = _text(metadata.get("uid"))
+    if not uid:
+        return None
+    spec = obj.get("spec")
+    replicas = spec.get("replicas") if isinstance(spec, Mapping) else None
+    return ReplicaSetRecord(
+        namespace=_interned(metadata.get("namespace")),
+        name=_text(metadata.get("name")),
+        uid=uid,
+        owner=controller_of(metadata),
+        # The apiserver defaults spec.replicas to 1; a bool is no count.
+        replicas=replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None,
+        terminating=metadata.get("deletionTimestamp") is not None,
+    )
+
+
+def by_owner(record: Record) -> str:
+    """Group key: the controller's uid ("" for Pods no controller owns)."""
+    owner = getattr(record, "owner", NO_OWNER)
+    return owner.uid if isinstance(owner, Owner) else ""
+
+
+# -- what a plug-in declares ----------------------------------------------------------------------
+def _keep(obj: Mapping[str, Any]) -> Record:
+    return obj
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return _text(_metadata(obj).get("uid"))
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    """The key of a cluster-scoped object looked up by name (a Namespace)."""
+    return _text(_metadata(obj).get("name"))
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One list+watch the edge runs for the enabled plug-ins, and the index it feeds.
+
+    Two plug-ins that need the same objects return the same spec (the module constants below);
+    the edge runs each index once and refuses two different specs under one index name.
+    """
+
+    index: str
+    """Name of the index, e.g. "pods", "replicasets"."""
+    group: str
+    """API group ("" for the core group)."""
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    metadata_only: bool = False
+    """Watch PartialObjectMetadata (labels, owners, deletion timestamp only): a fraction of the
+    bytes and JSON parsing of whole Pods."""
+    slim: Callable[[Mapping[str, Any]], Record | None] = field(default=_keep)
+    """Raw object -> small immutable record kept in the index (pure); None: not kept (the object
+    is dropped from the index, e.g. a Pod that finished). The default keeps the object itself."""
+    key: Callable[[Mapping[str, Any]], str] = uid_of
+    """Raw object -> its key in the index: the uid (default), or ``name_of`` for an index that
+    mutators look up by name (Namespaces by their name)."""
+    group_by: Callable[[Record], str] | None = None
+    """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups."""
+    field_selector: str = ""
+    """A server-side filter for the list and the watch (objects leaving it arrive as DELETED)."""
+    rbac_verbs: tuple[str, ...] = ("list", "watch")
+    """What the edge does with this resource: list, then watch. No ``get``: nothing reads one
+    object by name, and the manifests grant exactly what is used."""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self) -> str:
+        """The cluster-wide collection URL (all namespaces)."""
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{prefix}/{self.plural}"
+
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        """An object of this spec's kind and group (any version), as listed by kubectl."""
+        api_version = obj.get("apiVersion")
+        if obj.get("kind") != self.kind or not isinstance(api_version, str):
+            return False
+        group = api_version.rpartition("/")[0]
+        return group == self.group
+
+
+PODS = WatchSpec(
+    index="pods",
+    group="",
+    version="v1",
+    plural="pods",
+    kind="Pod",
+    slim=slim_pod,
+    metadata_only=True,
+    group_by=by_owner,
+    field_selector=POD_FIELD_SELECTOR,
+)
+"""Pods that have not finished, as PodRecords, grouped by controller uid (a ReplicaSet's Pods)."""
+
+REPLICASETS = WatchSpec(
+    index="replicasets",
+    group="apps",
+    version="v1",
+    plural="replicasets",
+    kind="ReplicaSet",
+    slim=slim_replicaset,
+    # Whole objects: spec.replicas (the desired count a split is computed over) is not in the
+    # metadata, and ReplicaSets are few next to their Pods.
+    metadata_only=False,
+)
+"""ReplicaSets, as ReplicaSetRecords keyed by uid: Pod -> ReplicaSet -> Deployment."""
+
+
+def merge_specs(specs: Iterable[WatchSpec]) -> tuple[WatchSpec, ...]:
+    """One spec per index, in first-seen order. ValueError when two specs claim one index name."""
+    seen: dict[str, WatchSpec] = {}
+    for spec in specs:
+        known = seen.get(spec.index)
+        if known is None:
+            seen[spec.index] = spec
+        elif known != spec:
+            raise ValueError(
+                f"two different watches for the cluster-view index {spec.index!r}: "
+                f"{known.api_version} {known.plural} and {spec.api_version} {spec.plural}"
+            )
+    return tuple(seen.values())
+
+
+def rbac_rules(specs: Iterable[WatchSpec]) -> list[dict[str, list[str]]]:
+    """The ClusterRole rules the watches need: one rule per API group, resources and verbs sorted."""
+    by_group: dict[str, tuple[set[str], set[str]]] = {}
+    for spec in merge_specs(specs):
+        resources, verbs = by_group.setdefault(spec.group, (set(), set()))
+        resources.add(spec.plural)
+        verbs.update(spec.rbac_verbs)
+    return [
+        {"apiGroups": [group], "resources": sorted(resources), "verbs": sorted(verbs)}
+        for group, (resources, verbs) in sorted(by_group.items())
+    ]
+
+
+# -- the view a mutator reads ---------------------------------------------------------------------
+EMPTY_MAP: immutables.Map[str, Any] = immutables.Map()
+NOTHING: Mapping[str, Any] = MappingProxyType({})
+"""What an unknown index or group reads as (read-only, equal to {})."""
+
+
+class ClusterView(Protocol):
+    """What a mutator sees: immutable for the whole review."""
+
+    @property
+    def available(self) -> bool:
+        """False: no cluster state at all (offline without --cluster): say so, don't guess."""
+        ...
+
+    def index(self, name: str) -> Mapping[str, Record]:
+        """key (uid) -> slim record; empty when the index is unknown."""
+        ...
+
+    def group(self, name: str, key: str) -> Mapping[str, Record]:
+        """uid -> record of the index's group ``key`` (e.g. the Pods a ReplicaSet controls)."""
+        ...
+
+    def synced(self, name: str) -> bool:
+        """The index has been listed completely at least once (its state is whole)."""
+        ...
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """One index at one moment. Immutable: the watch thread replaces it, never edits it."""
+
+    records: immutables.Map[str, Record] = EMPTY_MAP
+    groups: immutables.Map[str, immutables.Map[str, Record]] = EMPTY_MAP
+    synced: bool = False
+
+    @classmethod
+    def build(
+        cls, records: Iterable[Record] | Mapping[str, Record], spec: WatchSpec | None, *, synced: bool = True
+    ) -> IndexState:
+        """An index from records (keyed by each record's uid, or by the keys of a mapping),
+        grouped as the spec says."""
+        by_uid: dict[str, Record] = {}
+        grouped: dict[str, dict[str, Record]] = {}
+        group_by = spec.group_by if spec is not None else None
+        pairs = records.items() if isinstance(records, Mapping) else ((record_key(r), r) for r in records)
+        for uid, record in pairs:
+            by_uid[uid] = record
+            if group_by is not None:
+                grouped.setdefault(group_by(record), {})[uid] = record
+        return cls(
+            immutables.Map(by_uid),
+            immutables.Map({key: immutables.Map(members) for key, members in grouped.items()}),
+            synced,
+        )
+
+    def put(self, uid: str, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
+        """This index with ``record`` added or replaced under ``uid``: O(log n), sharing the rest."""
+        state = self._without(uid, group_by) if uid in self.records else self
+        groups = state.groups
+        if group_by is not None:
+            key = group_by(record)
+            groups = groups.set(key, groups.get(key, EMPTY_MAP).set(uid, record))
+        return IndexState(state.records.set(uid, record), groups, self.synced)
+
+    def remove(self, uid: str, group_by: Callable[[Record], str] | None) -> IndexState:
+        return self._without(uid, group_by) if uid in self.records else self
+
+    def _without(self, uid: str, group_by: Callable[[Record], str] | None) -> IndexState:
+        old = self.records[uid]
+        groups = self.groups
+        if group_by is not None:
+            key = group_by(old)
+            members = groups.get(key, EMPTY_MAP)
+            if uid in members:
+                members = members.delete(uid)
+                groups = groups.set(key, members) if members else groups.delete(key)
+        return IndexState(self.records.delete(uid), groups, self.synced)
+
+    def marked_synced(self) -> IndexState:
+        return IndexState(self.records, self.groups, True)
+
+
+def record_key(record: Record) -> str:
+    """A record's key: its ``uid`` attribute, or ``metadata.uid`` of a whole object."""
+    uid = _metadata(record).get("uid") if isinstance(record, Mapping) else getattr(record, "uid", None)
+    if not isinstance(uid, str) or not uid:
+        raise ValueError(f"a cluster-view record needs a non-empty str uid: {record!r}")
+    return uid
+
+
+class View:
+    """A ClusterView over a fixed mapping of index states: building one is O(number of indices)."""
+
+    __slots__ = ("_available", "_indices")
+
+    def __init__(self, indices: Mapping[str, IndexState], *, available: bool = True) -> None:
+        self._indices = indices
+        self._available = available
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    def index(self, name: str) -> Mapping[str, Record]:
+        state = self._indices.get(name)
+        return state.records if state is not None and state.records else NOTHING
+
+    def group(self, name: str, key: str) -> Mapping[str, Record]:
+        state = self._indices.get(name)
+        members: Mapping[str, Record] | None = state.groups.get(key) if state is not None else None
+        return members if members else NOTHING
+
+    def synced(self, name: str) -> bool:
+        state = self._indices.get(name)
+        return state is not None and state.synced
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._indices)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}={len(state.records)}" for name, state in self._indices.items())
+        return f"View(available={self._available}, {sizes})"
+
+
+EMPTY_VIEW: ClusterView = View({}, available=False)
+"""No cluster state: every index empty, nothing synced, ``available`` False."""
+
+
+class StaticView(View):
+    """A fixed view for tests and ``castslice mutate --cluster``: every given index counts as synced.
+
+    ``indices`` maps an index name to records (an iterable of records with a ``uid``, or a
+    {key: record} mapping); ``specs`` tell which indices are grouped and how (``PODS`` groups by
+    owner).
+    """
+
+    def __init__(
+        self,
+        indices: Mapping[str, Iterable[Record] | Mapping[str, Record]],
+        specs: Iterable[WatchSpec] = (PODS, REPLICASETS),
+        available: bool = True,
+    ) -> None:
+        by_name = {spec.index: spec for spec in specs}
+        states = {name: IndexState.build(records, by_name.get(name)) for name, records in indices.items()}
+        super().__init__(states, available=available)
+
+
+# -- offline: a `kubectl get ... -o yaml` file ----------------------------------------------------
+class StateFileError(ValueError):
+    """A cluster state file that cannot be read; the message names the file and what is wrong."""
+
+
+def _objects(document: Any, where: str) -> Iterator[Mapping[str, Any]]:
+    if document is None:
+        return
+    if not isinstance(document, Mapping):
+        raise StateFileError(f"{where}: expected a Kubernetes object or List, got {type(document).__name__}")
+    items, kind = document.get("items"), document.get("kind")
+    is_list = isinstance(kind, str) and kind.endswith("List")
+    if is_list and isinstance(items, list):
+        for position, item in enumerate(items):
+            yield from _objects(item, f"{where}, items[{position}]")
+    elif is_list and "items" in document:
+        raise StateFileError(f"{where}: 'items' of a {document.get('kind')} must be a list")
+    else:
+        yield document
+
+
+def load_state(
+    source: str | Path | io.TextIOBase, specs: Iterable[WatchSpec] = (PODS, REPLICASETS)
+) -> StaticView:
+    """A StaticView from what ``kubectl get pods,replicasets -A -o yaml`` prints (a List, or any
+    YAML/JSON stream of objects and Lists). Each spec's ``slim`` runs over the objects of its kind,
+    exactly as the watch does, so an offline decision sees what the webhook would see. Every spec
+    counts as synced: the file is taken as the whole state (objects of kinds no spec wants are
+    ignored)."""
+    specs = merge_specs(specs)
+    name = str(source) if isinstance(source, str | Path) else getattr(source, "name", "<stream>")
+    try:
+        text = Path(source).read_text() if isinstance(source, str | Path) else source.read()
+        documents = list(yaml.safe_load_all(text))
+    except (OSError, UnicodeDecodeError) as error:
+        raise StateFileError(f"cluster state {name}: cannot read it: {error}") from error
+    except yaml.YAMLError as error:
+        raise StateFileError(f"cluster state {name}: not YAML: {error}") from error
+    loaded: dict[str, dict[str, Record]] = {spec.index: {} for spec in specs}
+    for number, document in enumerate(documents):
+        for obj in _objects(document, f"cluster state {name}, document {number}"):
+            for spec in specs:
+                if spec.matches(obj):
+                    key, record = spec.key(obj), spec.slim(obj)
+                    if key and record is not None:
+                        loaded[spec.index][key] = record
+    return StaticView(loaded, specs)

@@ -1,0 +1,1 @@
+"""`castslice mutate / explain / mutations`: manifests, discovery, YAML round-trip, state files."""

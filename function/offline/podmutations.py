@@ -1,0 +1,174 @@
+"""PodMutations offline: read them from files (``castslice mutate --mutations DIR``, ``castslice
+mutations validate``) and explain which ones match a Pod (``castslice explain``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from function.core.json_patch import diff
+from function.core.podmutation.apply import apply_mutation
+from function.core.podmutation.compiled import (
+    CompiledMutation,
+    InvalidMutation,
+    compile_object,
+    from_api_form,
+    is_api_form,
+    is_podmutation,
+)
+from function.core.podmutation.match import Selection, Workload, select, workload_of
+from function.core.view import ClusterView
+
+Record = CompiledMutation | InvalidMutation
+OUR_INDEX = "podmutations"
+
+
+class WithMutations:
+    """A cluster view (``--cluster STATE.yaml``) with the PodMutations given on the command line
+    in place of its own ``podmutations`` index."""
+
+    def __init__(self, base: ClusterView, mutations: ClusterView) -> None:
+        self._base, self._mutations = base, mutations
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        return self._mutations.index(name) if name == OUR_INDEX else self._base.index(name)
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self._mutations.group(name, key) if name == OUR_INDEX else self._base.group(name, key)
+
+    def synced(self, name: str) -> bool:
+        return True if name == OUR_INDEX else self._base.synced(name)
+
+
+def is_mutation_document(doc: Any) -> bool:
+    return is_podmutation(doc) or is_api_form(doc)
+
+
+def compile_document(doc: Mapping[str, Any]) -> Record:
+    """A PodMutation object, or a CAST AI API-form document (``enabled: false`` still compiles:
+    the caller decides whether to use it)."""
+    if is_api_form(doc):
+        name = str(doc.get("name", ""))
+        try:
+            doc = from_api_form(doc)
+        except ValueError as error:
+            return InvalidMutation(name, "api-form", 0, (str(error),), f"api-form/{name}")
+    return compile_object(doc)
+
+
+def documents_in(path: Path) -> list[tuple[str, Any]]:
+    """(origin, document) for a YAML/JSON file, or every *.yaml/*.yml/*.json file of a directory."""
+    files = (
+        sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        if path.is_dir()
+        else [path]
+    )
+    found: list[tuple[str, Any]] = []
+    for file in files:
+        for number, doc in enumerate(yaml.safe_load_all(file.read_text(encoding="utf-8"))):
+            if doc is not None:
+                found.append((f"{file}#{number}", doc))
+    return found
+
+
+@dataclass
+class Loaded:
+    records: dict[str, Record] = field(default_factory=dict)  # uid -> record, as the view keys them
+    disabled: list[str] = field(default_factory=list)  # API-form documents with enabled: false
+
+    def add(self, doc: Mapping[str, Any]) -> Record | None:
+        if is_api_form(doc) and doc.get("enabled") is False:
+            self.disabled.append(str(doc.get("name", "")))
+            return None
+        record = compile_document(doc)
+        self.records[record.uid] = record
+        return record
+
+    @property
+    def valid(self) -> list[CompiledMutation]:
+        return [r for r in self.records.values() if isinstance(r, CompiledMutation)]
+
+    @property
+    def invalid(self) -> list[InvalidMutation]:
+        return [r for r in self.records.values() if isinstance(r, InvalidMutation)]
+
+
+def load(documents: Iterable[Any]) -> Loaded:
+    loaded = Loaded()
+    for doc in documents:
+        if is_mutation_document(doc):
+            loaded.add(doc)
+    return loaded
+
+
+@dataclass(frozen=True)
+class Explanation:
+    workload: Workload
+    selection: Selection
+    changes: tuple[str, ...]
+    patch: tuple[dict[str, Any], ...]
+    warnings: tuple[str, ...]
+
+
+def explain(pod: dict[str, Any], namespace: str, mutations: Iterable[CompiledMutation]) -> Explanation:
+    """Which mutations match, ranked, and what the winner would change (as JSON Patch operations)."""
+    workload = workload_of(pod, namespace)
+    selection = select(mutations, workload, pod)
+    if selection.winner is None:
+        return Explanation(workload, selection, (), (), ())
+    result, done = apply_mutation(copy.deepcopy(pod), selection.winner.mutation)
+    return Explanation(
+        workload, selection, tuple(done.changes), tuple(diff(pod, result)), tuple(done.warnings)
+    )
+
+
+# Where the Pod template sits in each workload kind the apiserver turns into Pods.
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+def pod_of(document: dict[str, Any], index: int = 0) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(the Pod the document makes, its template or None for a Pod), or None if it makes no Pod.
+
+    A workload's Pod carries a controller ownerReference naming the workload (offline uid), as the
+    apiserver's Pods carry one: what the Pod belongs to is part of its identity (PodMutation
+    filters match a Deployment's Pods by kind Deployment and its name). ``_replace_template``
+    drops that reference again."""
+    kind = str(document.get("kind", "?"))
+    if kind == "Pod":
+        return document, None
+    if kind not in TEMPLATE_PATHS:
+        return None
+    template: Any = document
+    for part in TEMPLATE_PATHS[kind]:
+        template = template.get(part) if isinstance(template, dict) else None
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        return None
+    metadata: dict[str, Any] = template["metadata"] if isinstance(template.get("metadata"), dict) else {}
+    if not metadata.get("ownerReferences"):
+        owner = {
+            "apiVersion": str(document.get("apiVersion", "")),
+            "kind": kind,
+            "name": str((document.get("metadata") or {}).get("name") or ""),
+            "uid": f"offline-{index}",
+            "controller": True,
+        }
+        metadata = {**metadata, "ownerReferences": [owner]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}
+    return pod, template

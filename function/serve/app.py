@@ -1,0 +1,118 @@
+"""The composition root: configuration in, a ready-to-serve webhook out.
+
+Everything with side effects (reading the config file, logging set-up, the audit event sender)
+is wired here, once per process, so the layers below stay pure and testable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry
+
+from function.admission.review import Admission
+from function.audit.recorder import AuditRecorder, build_recorder
+from function.core.config import Config, load_config
+from function.core.engine import Engine
+from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
+from function.serve.http_api import WebhookHttp
+from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
+from function.serve.watch import ClusterWatcher, Transport, kube_transport, watches_for
+
+log = logging.getLogger("castslice.app")
+
+
+def configure_logging() -> None:
+    # Logs go to stderr; stdout is reserved for audit events (JSON lines) so the two never mix.
+    if not logging.getLogger("castslice").handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("castslice").addHandler(handler)
+        logging.getLogger("castslice").setLevel(os.environ.get("CASTSLICE_LOG_LEVEL", "INFO").upper())
+
+
+def build_webhook(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    transport: Transport | None = None,
+    watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
+) -> WebhookHttp:
+    """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
+
+    ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout,
+    and, when an enabled mutator needs cluster state, the credentials of the watches (in-cluster
+    ServiceAccount, else $KUBECONFIG). ``transport`` and ``watches`` replace those (tests).
+    ``freeze_gc``: keep the garbage collector off the view's objects (see ClusterWatcher); tests
+    that build many webhooks in one process turn it off.
+    """
+    return build_webhook_and_recorder(
+        config, environ, transport=transport, watches=watches, freeze_gc=freeze_gc
+    )[0]
+
+
+def build_webhook_and_recorder(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    transport: Transport | None = None,
+    watches: tuple[WatchSpec, ...] | None = None,
+    freeze_gc: bool = True,
+) -> tuple[WebhookHttp, AuditRecorder]:
+    """build_webhook, plus its recorder for hosts that start and drain the audit sender
+    themselves (the Knative Functions instance in func.py); ``environ`` also names the config."""
+    configure_logging()
+    environ = os.environ if environ is None else environ
+    config = load_config(dict(environ)) if config is None else config
+    engine = Engine(config)
+    recorder = build_recorder(config, environ)
+    watcher = start_watcher(
+        watches_for(config) if watches is None else watches,
+        environ,
+        transport,
+        recorder.metrics.registry,
+        freeze_gc,
+    )
+    snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
+    # Spot placement: this process's recent decisions join each snapshot until the view shows them.
+    # One review at a time from snapshot to record, so concurrent siblings see each other.
+    ledger = ledger_for(config)
+    turns = DecisionTurns() if ledger is not None else None
+    decisions = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
+    admission = Admission(engine, decisions, cluster=with_ledger(snapshot, ledger, turns))
+
+    def ready() -> bool:
+        # Not ready until every watch an enabled mutator needs has listed once: a decision over a
+        # half-known cluster would be a guess.
+        return recorder.ready() and (watcher is None or watcher.synced())
+
+    webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text)
+    webhook.watcher = watcher
+    return webhook, recorder
+
+
+def start_watcher(
+    specs: tuple[WatchSpec, ...],
+    environ: Mapping[str, str],
+    transport: Transport | None,
+    registry: CollectorRegistry,
+    freeze_gc: bool = True,
+) -> ClusterWatcher | None:
+    """The cluster view's watches, started; None (no thread, no credentials read) when no enabled
+    mutator needs any."""
+    if not specs:
+        return None
+    watched = ", ".join(f"{spec.plural}" + (" (metadata)" if spec.metadata_only else "") for spec in specs)
+    log.info("cluster view: watching %s", watched)
+    watcher = ClusterWatcher(
+        specs,
+        transport if transport is not None else kube_transport(environ),
+        registry=registry,
+        freeze_gc=freeze_gc,
+    )
+    watcher.start()
+    return watcher

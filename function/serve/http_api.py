@@ -1,0 +1,131 @@
+"""The one place for HTTP concerns: routing, methods, size limits, status codes, JSON bodies.
+
+Transport-neutral, so the same behaviour serves the functions-framework ASGI target, the Flask
+target used for comparison, and tests. Every admission outcome (denials included) is HTTP 200:
+a non-200 makes the apiserver apply failurePolicy instead of our answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from function.admission.review import Admission
+from function.admission.wire import AdmissionReview, BadReview, parse_review
+from function.contract import (
+    HEALTHZ_PATH,
+    MAX_BODY_BYTES,
+    METRICS_PATH,
+    MUTATE_PATHS,
+    READYZ_PATH,
+    VALIDATE_PODMUTATIONS_PATH,
+)
+from function.core.engine import Decision
+
+log = logging.getLogger("castslice.http")
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(status: int, payload: object, headers: dict[str, str] | None = None) -> HttpReply:
+    return HttpReply(status, orjson.dumps(payload), JSON, headers or {})
+
+
+def problem(status: int, message: str, headers: dict[str, str] | None = None) -> HttpReply:
+    return json_reply(status, {"error": message, "status": status}, headers)
+
+
+TOO_LARGE = problem(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+
+
+class WebhookHttp:
+    def __init__(
+        self,
+        admission: Admission,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
+        self.admission = admission
+        self.ready = ready
+        self.metrics = metrics
+        self.watcher: Any = None
+        """The cluster view's ClusterWatcher when an enabled mutator needs one (its owner stops it)."""
+
+    def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        """``body`` is None when the transport found it larger than MAX_BODY_BYTES. Never raises:
+        a bug below answers a JSON 500 (the apiserver then applies failurePolicy) and is logged."""
+        try:
+            return self._route(method, path, body)
+        except Exception:  # the last resort; the engine and the admission layer guard themselves
+            log.exception("unexpected error serving %s %s", method, path)
+            return problem(500, "internal error (logged by the webhook)")
+
+    def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        if path in MUTATE_PATHS:
+            if method != "POST":
+                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
+            if body is None:
+                return TOO_LARGE
+            return self.mutate(body)
+        if path == VALIDATE_PODMUTATIONS_PATH:
+            if method != "POST":
+                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
+            return TOO_LARGE if body is None else self.validate_podmutation(body)
+        if path in (HEALTHZ_PATH, READYZ_PATH, METRICS_PATH):
+            if method not in ("GET", "HEAD"):
+                return problem(405, f"{method} not allowed on {path}: use GET", {"Allow": "GET, HEAD"})
+            if path == HEALTHZ_PATH:
+                return json_reply(200, {"status": "ok"})
+            if path == READYZ_PATH:
+                ok = self.ready()
+                return json_reply(200 if ok else 503, {"status": "ready" if ok else "not ready"})
+            if self.metrics is None:
+                return problem(404, "metrics are not enabled")
+            return HttpReply(200, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        return problem(404, f"no such path: {path}")
+
+    def is_review(self, method: str, path: str) -> bool:
+        return method == "POST" and path in MUTATE_PATHS
+
+    def recorded(
+        self, status: int, body: bytes, review: dict[str, Any] | None, decision: Decision | None
+    ) -> HttpReply:
+        """A reply decided elsewhere (function/serve/offload.py), recorded here as ``mutate`` records:
+        ``review`` is the slim review the recorder reads, None for a 400."""
+        if review is not None:
+            try:
+                self.admission.recorder.record(AdmissionReview.model_validate(review), decision)
+            except Exception:  # recording must never turn an answer into a failure
+                log.exception("recording a large review's decision failed")
+        return HttpReply(status, body)
+
+    def mutate(self, body: bytes) -> HttpReply:
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad admission request: %s", bad)
+            return problem(400, str(bad))
+        answer = self.admission.review(review)
+        return json_reply(200, answer.review(review.apiVersion))
+
+    def validate_podmutation(self, body: bytes) -> HttpReply:
+        from function.admission.podmutations import review_podmutation
+
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad PodMutation validation request: %s", bad)
+            return problem(400, str(bad))
+        return json_reply(200, review_podmutation(review).review(review.apiVersion))

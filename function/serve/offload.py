@@ -1,0 +1,160 @@
+"""Large reviews decided in a separate process, so they never stall the event loop.
+
+Every review runs on the worker's one event loop. A legal 3 MiB Pod made of many small objects
+takes the engine 0.1-1 s, and a worker *thread* does not help: parsing, copying, comparing and
+serializing such a Pod are single C calls (orjson, marshal, ==) that hold the GIL for 5-30 ms
+each, so a small review or /healthz arriving meanwhile waits that long (measured: p99 46 ms with
+six 3 MiB reviews in flight on a thread, against a 5 ms target). A process has its own GIL: the
+event loop keeps answering small reviews while the large one is decided beside it.
+
+``LargeReviews`` keeps one child process (spawned, so it shares no threads or loop state with the
+worker) that parses and decides; it sends back the reply bytes and the decision, and the worker
+records it (metrics, audit event) exactly as for a small review, from a slim copy of the review
+that holds what the recorder reads: the request's identity and the Pod's metadata, env, command
+and args (the patch's secrets are redacted against those). One child, one review at a time, in
+arrival order: more would only share the same core.
+
+Limitation: the child has no cluster view (function/core/view.py); a plug-in that reads cluster
+state sees an empty one for a review larger than LARGE_BODY_BYTES.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from function.admission.review import Admission
+from function.admission.wire import AdmissionReview, BadReview, parse_review
+from function.core.engine import Decision
+from function.core.pod import CONTAINER_LISTS
+
+log = logging.getLogger("castslice.offload")
+
+Outcome = tuple[int, bytes, dict[str, Any] | None, Decision | None]
+"""HTTP status, reply body, the slim review to record (None for a 400), the decision."""
+
+_admission: Admission | None = None
+
+CHILD_NICENESS = 10
+"""CFS gives a nice-10 process about a tenth of the weight of the nice-0 worker beside it."""
+
+
+def _start_child() -> None:
+    # In the child: the engine from the same configuration file as the worker (CASTSLICE_CONFIG
+    # is inherited), without a recorder: the worker records.
+    global _admission
+    from function.core.config import load_config
+    from function.core.engine import Engine
+    from function.serve.app import configure_logging
+
+    configure_logging()
+    # Lower priority than the worker: on a shared core the scheduler then runs the worker (small
+    # reviews, /healthz) as soon as it has work; the child still gets every cycle the worker leaves.
+    os.nice(CHILD_NICENESS)
+    _admission = Admission(Engine(load_config()))
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    # The worker dies by a re-raised SIGTERM (see function/audit/shutdown.py), so nothing shuts
+    # the pool down: the child notices it was orphaned (re-parented) and ends itself.
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def _ready() -> bool:
+    return _admission is not None
+
+
+def _strings(value: Any, found: set[str]) -> set[str]:
+    if isinstance(value, str):
+        found.add(value)
+    elif isinstance(value, dict):
+        for member in value.values():
+            _strings(member, found)
+    elif isinstance(value, list):
+        for member in value:
+            _strings(member, found)
+    return found
+
+
+def slim_review(review: AdmissionReview, decision: Decision | None) -> dict[str, Any]:
+    """The review as the recorder reads it, without the bulk of the Pod: the request's identity,
+    the Pod's identifying metadata, and of its env values, commands and args (what the event's
+    patch is redacted against) only those the patch itself contains, so the event is the same."""
+    data = review.model_dump(exclude={"request": {"object", "oldObject", "options"}})
+    pod: dict[str, Any] = review.request.object if isinstance(review.request.object, dict) else {}
+    metadata: dict[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), dict) else {}
+    spec: dict[str, Any] = pod["spec"] if isinstance(pod.get("spec"), dict) else {}
+    in_patch: set[str] = set()
+    for operation in decision.patch if decision is not None else ():
+        _strings(operation.get("value"), in_patch)
+    slim_spec: dict[str, Any] = {}
+    for kind in CONTAINER_LISTS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        slim_spec[kind] = []
+        for container in containers:
+            slim: dict[str, Any] = {}
+            if isinstance(container, dict):
+                env = container.get("env")
+                if isinstance(env, list):
+                    slim["env"] = [
+                        e
+                        for e in env
+                        if isinstance(e, dict) and isinstance(e.get("value"), str) and e["value"] in in_patch
+                    ]
+                for key in ("command", "args"):
+                    items = container.get(key)
+                    if isinstance(items, list):
+                        slim[key] = [item for item in items if isinstance(item, str) and item in in_patch]
+            slim_spec[kind].append(slim)
+    kept = ("name", "generateName", "namespace", "ownerReferences")
+    data["request"]["object"] = {
+        "kind": pod.get("kind"),
+        "metadata": {key: metadata[key] for key in kept if key in metadata},
+        "spec": slim_spec,
+    }
+    return data
+
+
+def decide(body: bytes) -> Outcome:
+    """In the child: the reply to one body, as WebhookHttp.mutate would build it."""
+    assert _admission is not None, "child not started"
+    try:
+        review = parse_review(body)
+    except BadReview as bad:
+        log.warning("bad admission request: %s", bad)
+        return 400, orjson.dumps({"error": str(bad), "status": 400}), None, None
+    answer = _admission.review(review)
+    reply = orjson.dumps(answer.review(review.apiVersion))
+    decision = answer.decision
+    if decision is not None:
+        decision = replace(decision, mutated_pod=None)  # the whole Pod: not needed, not sent back
+    return 200, reply, slim_review(review, decision), decision
+
+
+class LargeReviews:
+    """One child process deciding large reviews (started at once, so the first one does not wait)."""
+
+    def __init__(self) -> None:
+        self.pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child
+        )
+        self.pool.submit(_ready)
+
+    def submit(self, body: bytes) -> Future[Outcome]:
+        return self.pool.submit(decide, body)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,314 @@
+"""The HTTP server's connection rules: bounded headers, bounded read times, a clean shutdown.
+
+``castslice serve`` runs functions-framework's ASGI app under gunicorn with uvicorn workers, the
+server ``functions-framework --asgi`` builds. uvicorn's httptools protocol has none of the limits
+a server facing a network needs: no bound on header size (a 60 MB header is read into memory), no
+time limit on reading headers or a body (a client sending one byte a second keeps a connection,
+and a body shorter than its Content-Length holds one, for ever), no idle limit on a connection
+that never sends a byte, and at shutdown it closes idle keep-alive connections with requests
+possibly already in the kernel's buffer, which answers those requests with a TCP reset.
+
+``HardenedHttpToolsProtocol`` adds exactly those rules to uvicorn's protocol, and
+``CastSliceWorker`` is the uvicorn worker that uses it (``castslice serve`` passes it to gunicorn
+as ``worker_class``). The values are in function/contract.py and the README ("The HTTP surface").
+
+It also answers admission reviews directly (``DirectReviews``): a review is small, its answer is
+computed synchronously (WebhookHttp.handle never awaits), and ASGI's per-request machinery (a
+task, an event, message dicts, two writes) costs about as much as deciding a Pod. A review whose
+body is declared, not too large and arrives while the client reads its replies is answered from
+the parser's callback, in one write; anything else takes the ASGI path as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn_worker import UvicornWorker
+
+from function.contract import (
+    BODY_READ_SECONDS,
+    HEADER_READ_SECONDS,
+    IDLE_KEEPALIVE_SECONDS,
+    LARGE_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    MUTATE_PATHS,
+    SHUTDOWN_LINGER_SECONDS,
+    SHUTDOWN_PICKUP_SECONDS,
+)
+from function.serve.http_api import HttpReply
+
+log = logging.getLogger("castslice.server")
+
+
+def _problem(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message, "status": status}).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
+
+
+HEADERS_TOO_LARGE = _problem(
+    431, "Request Header Fields Too Large", f"request line and headers larger than {MAX_HEADER_BYTES} bytes"
+)
+HEADERS_TOO_SLOW = _problem(
+    408, "Request Timeout", f"request line and headers not received within {HEADER_READ_SECONDS:g} s"
+)
+BODY_TOO_SLOW = _problem(408, "Request Timeout", f"request body not received within {BODY_READ_SECONDS:g} s")
+
+
+DIRECT_REVIEWS: list[Callable[[str, bytes], HttpReply]] = []
+"""The synchronous review handler (path, body) the protocol answers reviews with, registered by
+the app ``castslice serve`` runs (function/serve/asgi.py); empty: every request takes the ASGI path."""
+
+INTERNAL_ERROR = HttpReply(500, b'{"error":"internal error (logged by the webhook)","status":500}')
+
+
+def _direct_eligible(cycle: RequestResponseCycle) -> bool:
+    """A review this protocol can answer itself: POSTed to a review path with a declared body no
+    larger than what is decided on the event loop anyway (function/serve/offload.py takes the rest),
+    and without ``Expect: 100-continue`` (which ASGI's receive answers)."""
+    scope = cycle.scope
+    if scope["method"] != "POST" or scope["path"] not in MUTATE_PATHS or cycle.waiting_for_100_continue:
+        return False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return value.isdigit() and int(value) <= LARGE_BODY_BYTES
+    return False
+
+
+class HardenedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with size and time limits on reading a request, and a shutdown
+    that answers every request already received and closes idle connections with a FIN."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading_headers = False
+        self._header_bytes = 0
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._shutting_down = False
+        self._eof_sent = False
+        self._direct: RequestResponseCycle | None = None
+        """A review read by this protocol, to be answered when its body is complete."""
+
+    # -- connection life ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timer only after a response: a connection that never sends
+        # a byte would otherwise stay open for ever.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            IDLE_KEEPALIVE_SECONDS, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_read_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._eof_sent:
+            return  # shutting down and already said so with a FIN: read and drop until the peer closes
+        # Bytes arriving while no body is being read belong to a request line or headers.
+        between = self._reading_headers or self.cycle is None or self.cycle.response_complete
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        # Count what arrives while headers are incomplete, so a header that never ends is refused
+        # before httptools buffers it (it has no limit of its own).
+        if self._reading_headers:
+            self._header_bytes += len(data) if between else 0
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._refuse(HEADERS_TOO_LARGE, "request headers larger than %d bytes", MAX_HEADER_BYTES)
+        elif self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
+            # Bytes that begin no request (stray CRLFs) cancelled the idle timer: bound them too.
+            self._arm_read_timer(HEADER_READ_SECONDS, HEADERS_TOO_SLOW, "headers")
+
+    def send_400_response(self, msg: str) -> None:
+        # httptools wraps _Refused in a parser error, which uvicorn answers with a 400: the
+        # connection already got its 431 and is closing, so there is nothing more to say.
+        if not self.transport.is_closing():
+            super().send_400_response(msg)
+
+    # -- parser callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_headers = True
+        self._header_bytes = 0
+        self._arm_read_timer(HEADER_READ_SECONDS, HEADERS_TOO_SLOW, "headers")
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        self._check_header_size()
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        self._check_header_size()
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_headers = False
+        self._arm_read_timer(BODY_READ_SECONDS, BODY_TOO_SLOW, "body")
+        super().on_headers_complete()
+        if self._shutting_down and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered with "connection: close", then closed
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._direct is not None and self._direct is self.cycle:
+            # uvicorn pauses reading past 64 KiB until the app reads; here nobody else will.
+            self.flow.resume_reading()
+
+    def on_message_complete(self) -> None:
+        self._cancel_read_timer()
+        super().on_message_complete()
+        if self._direct is not None and self._direct is self.cycle:
+            self._answer_direct(self._direct)
+
+    # -- reviews answered here ----------------------------------------------------------------
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if DIRECT_REVIEWS and not self.flow.write_paused and _direct_eligible(cycle):
+            # A client not reading its replies (write_paused) goes the ASGI way, which waits.
+            if cycle.more_body:
+                self._direct = cycle  # answered in on_message_complete
+            else:
+                # A pipelined request, already read: answered on the next turn of the loop,
+                # not inside the previous reply's completion.
+                self._direct = cycle
+                self.loop.call_soon(self._answer_direct, cycle)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _answer_direct(self, cycle: RequestResponseCycle) -> None:
+        if self._direct is not cycle:
+            return
+        self._direct = None
+        if self.transport.is_closing() or cycle.disconnected:
+            return
+        try:
+            reply = DIRECT_REVIEWS[0](cycle.scope["path"], bytes(cycle.body))
+        except Exception:  # the handler guards itself; this is the server's last resort
+            log.exception("unexpected error answering a review")
+            reply = INTERNAL_ERROR
+        cycle.body = bytearray()
+        head = [STATUS_LINE[reply.status]]
+        for default_name, default_value in cycle.default_headers:
+            head += (default_name, b": ", default_value, b"\r\n")
+        head += (b"content-type: ", reply.content_type.encode("latin-1"), b"\r\n")
+        head += (b"content-length: ", str(len(reply.body)).encode("latin-1"), b"\r\n")
+        for name, text in reply.headers.items():
+            head += (name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", reply.body)
+        if cycle.access_log:
+            # uvicorn's own access line, argument for argument: its AccessFormatter unpacks five.
+            cycle.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(cycle.scope),
+                cycle.scope["method"],
+                get_path_with_query_string(cycle.scope),
+                cycle.scope["http_version"],
+                reply.status,
+            )
+        cycle.response_started = True
+        cycle.response_complete = True
+        self.transport.write(b"".join(head))
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._shutting_down and not self.transport.is_closing():
+            self._close_idle_cleanly()
+
+    # -- limits -------------------------------------------------------------------------------
+    def _check_header_size(self) -> None:
+        if self._header_bytes > MAX_HEADER_BYTES:
+            # Raised inside httptools' callback: stop parsing; data_received sees the closed transport.
+            self._refuse(HEADERS_TOO_LARGE, "request headers larger than %d bytes", MAX_HEADER_BYTES)
+            raise _Refused
+
+    def _arm_read_timer(self, seconds: float, reply: bytes, what: str) -> None:
+        self._cancel_read_timer()
+        self._read_timer = self.loop.call_later(seconds, self._read_too_slow, reply, what)
+
+    def _cancel_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_too_slow(self, reply: bytes, what: str) -> None:
+        self._read_timer = None
+        if self.cycle is not None and what == "body" and self.cycle.response_started:
+            self.transport.close()  # the app already answered; only the unread rest is missing
+            return
+        if self.cycle is not None and what == "body":
+            # The app sees a disconnect on its next read, and whatever it answers is dropped.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self._refuse(reply, "request %s too slow: closed", what)
+
+    def _refuse(self, reply: bytes, message: str, *args: object) -> None:
+        if self.transport.is_closing():
+            return
+        log.warning(message, *args)
+        self._cancel_read_timer()
+        self.transport.write(reply)
+        # Not close(): the client may still be sending, and closing with its bytes unread makes
+        # the kernel answer with a reset, which can destroy the reply before it is read.
+        self._close_idle_cleanly()
+
+    # -- graceful shutdown --------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Called by uvicorn's server once it stopped accepting connections (SIGTERM)."""
+        self._shutting_down = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # in flight: answered with "connection: close"
+            return
+        if self._reading_headers:
+            return  # a request is arriving: it is answered with "connection: close"
+        # Idle. A request may already sit in the socket's buffer, unread: closing now would answer
+        # it with a reset. Give the loop a moment to read it (then it is answered), else say FIN.
+        self._unset_keepalive_if_required()
+        self.loop.call_later(SHUTDOWN_PICKUP_SECONDS, self._close_if_still_idle)
+
+    def _close_if_still_idle(self) -> None:
+        if self.transport.is_closing() or self._reading_headers:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return
+        self._close_idle_cleanly()
+
+    def _close_idle_cleanly(self) -> None:
+        self._unset_keepalive_if_required()
+        if not self.transport.can_write_eof():
+            self.transport.close()  # TLS: close_notify
+            return
+        # Half-close: the peer reads our FIN, sends nothing more and closes; whatever it sent
+        # meanwhile is read and dropped, so the kernel never answers it with a reset.
+        if self._eof_sent:
+            return
+        self._eof_sent = True
+        self.transport.write_eof()
+        self.loop.call_later(SHUTDOWN_LINGER_SECONDS, self.transport.close)
+
+
+class _Refused(Exception):
+    """Stops httptools' parser from inside a callback once the connection is refused."""
+
+
+class CastSliceWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships no types
+    """uvicorn's gunicorn worker, on the hardened protocol (uvloop when installed)."""
+
+    CONFIG_KWARGS: dict[str, Any] = {  # noqa: RUF012 - the base class declares it so
+        "loop": "auto",
+        "http": HardenedHttpToolsProtocol,
+        "timeout_keep_alive": IDLE_KEEPALIVE_SECONDS,
+    }

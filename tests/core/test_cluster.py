@@ -1,0 +1,298 @@
+"""The pure cluster view: slim records, indices grouped by owner, snapshots, the offline loader."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from function.core.view import (
+    EMPTY_VIEW,
+    NO_OWNER,
+    PLACEMENT_LABEL,
+    PODS,
+    REPLICASETS,
+    IndexState,
+    Owner,
+    PodRecord,
+    ReplicaSetRecord,
+    StateFileError,
+    StaticView,
+    View,
+    WatchSpec,
+    by_owner,
+    controller_of,
+    load_state,
+    merge_specs,
+    name_of,
+    rbac_rules,
+    slim_pod,
+    slim_replicaset,
+)
+
+STATE = Path(__file__).parents[1] / "data" / "cluster" / "state.yaml"
+RS_UID = "22222222-0000-0000-0000-000000000001"
+
+
+def pod(uid: str, owner: str = "", *, placement: str | None = None, deleting: bool = False) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": f"p-{uid}", "namespace": "ns", "uid": uid}
+    if owner:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": owner, "controller": True}
+        ]
+    if placement is not None:
+        metadata["labels"] = {PLACEMENT_LABEL: placement, "app": "x"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-23T20:00:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}
+
+
+# -- slim records ---------------------------------------------------------------------------------
+def test_slim_pod_keeps_owner_placement_and_deletion_only() -> None:
+    record = slim_pod(pod("u1", "rs1", placement="spot", deleting=True))
+    assert record == PodRecord("ns", "p-u1", "u1", Owner("rs1", "ReplicaSet", "rs"), "spot", True)
+    assert slim_pod(pod("u2")) == PodRecord("ns", "p-u2", "u2", NO_OWNER, "", False)
+
+
+def test_slim_pod_reads_partial_object_metadata_as_the_watch_delivers_it() -> None:
+    partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", **pod("u1", "rs1")}
+    partial["kind"] = "PartialObjectMetadata"
+    record = slim_pod(partial)
+    assert record is not None and record.owner.uid == "rs1" and record.uid == "u1"
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_finished_pods_are_not_kept(phase: str) -> None:
+    assert slim_pod({**pod("u1", "rs1"), "status": {"phase": phase}}) is None
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Unknown"])
+def test_live_pods_are_kept(phase: str) -> None:
+    assert slim_pod({**pod("u1", "rs1"), "status": {"phase": phase}}) is not None
+
+
+def test_a_pod_without_uid_is_not_kept() -> None:
+    assert slim_pod({"metadata": {"name": "x"}}) is None
+    assert slim_pod({}) is None
+    assert slim_replicaset({"metadata": {"name": "x"}}) is None
+
+
+def test_only_the_controller_reference_is_the_owner() -> None:
+    metadata = {
+        "ownerReferences": [
+            {"kind": "Other", "uid": "not-controller", "name": "a"},
+            {"kind": "Other", "uid": "false-controller", "name": "b", "controller": False},
+            {"kind": "ReplicaSet", "uid": "the-one", "name": "c", "controller": True},
+        ]
+    }
+    assert controller_of(metadata) == Owner("the-one", "ReplicaSet", "c")
+    assert controller_of({"ownerReferences": [{"uid": "x", "controller": "true"}]}) == NO_OWNER
+    assert controller_of({"ownerReferences": "junk"}) == NO_OWNER
+    assert controller_of({}) == NO_OWNER
+
+
+def test_malformed_metadata_gives_empty_fields_not_errors() -> None:
+    record = slim_pod({"metadata": {"uid": "u", "labels": ["x"], "namespace": 3, "name": None}})
+    assert record == PodRecord("", "", "u", NO_OWNER, "", False)
+    assert slim_pod({"metadata": "junk"}) is None
+
+
+def test_slim_replicaset_keeps_desired_replicas_and_deployment() -> None:
+    rs = {
+        "metadata": {
+            "name": "web-1",
+            "namespace": "ns",
+            "uid": "rs1",
+            "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "d1", "controller": True}],
+        },
+        "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c"}]}}},
+    }
+    assert slim_replicaset(rs) == ReplicaSetRecord(
+        "ns", "web-1", "rs1", Owner("d1", "Deployment", "web"), 3, False
+    )
+    assert slim_replicaset({**rs, "spec": {"replicas": True}}).replicas is None  # type: ignore[union-attr]
+    assert slim_replicaset({**rs, "spec": None}).replicas is None  # type: ignore[union-attr]
+
+
+# -- specs and RBAC -------------------------------------------------------------------------------
+def test_spec_paths_are_cluster_wide_collections() -> None:
+    assert PODS.path() == "/api/v1/pods"
+    assert REPLICASETS.path() == "/apis/apps/v1/replicasets"
+    assert PODS.api_version == "v1" and REPLICASETS.api_version == "apps/v1"
+
+
+def test_spec_matches_kind_and_group_not_version() -> None:
+    assert REPLICASETS.matches({"apiVersion": "apps/v1", "kind": "ReplicaSet"})
+    assert REPLICASETS.matches({"apiVersion": "apps/v1beta2", "kind": "ReplicaSet"})
+    assert not REPLICASETS.matches({"apiVersion": "extensions.example/v1", "kind": "ReplicaSet"})
+    assert not REPLICASETS.matches({"apiVersion": "apps/v1", "kind": "Deployment"})
+    assert PODS.matches({"apiVersion": "v1", "kind": "Pod"})
+    assert not PODS.matches({"apiVersion": "example.com/v1", "kind": "Pod"})
+    assert not PODS.matches({"kind": "Pod"})
+
+
+def test_rbac_rules_are_list_and_watch_per_group() -> None:
+    assert rbac_rules([]) == []
+    assert rbac_rules([PODS, REPLICASETS, PODS]) == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list", "watch"]},
+    ]
+    nodes = WatchSpec(
+        "nodes", "", "v1", "nodes", "Node", namespaced=False, slim=slim_pod, rbac_verbs=("watch", "list")
+    )
+    assert rbac_rules([PODS, nodes]) == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}
+    ]
+
+
+def test_two_different_specs_for_one_index_are_refused() -> None:
+    assert merge_specs([PODS, REPLICASETS, PODS]) == (PODS, REPLICASETS)
+    other = WatchSpec("pods", "", "v1", "pods", "Pod", slim=slim_pod)
+    with pytest.raises(ValueError, match="two different watches for the cluster-view index 'pods'"):
+        merge_specs([PODS, other])
+
+
+# -- indices --------------------------------------------------------------------------------------
+def test_empty_view_is_unavailable_and_empty() -> None:
+    assert not EMPTY_VIEW.available
+    assert len(EMPTY_VIEW.index("pods")) == 0
+    assert len(EMPTY_VIEW.group("pods", "x")) == 0
+    assert not EMPTY_VIEW.synced("pods")
+
+
+def test_static_view_groups_pods_by_owner() -> None:
+    records = [slim_pod(pod(f"u{i}", "rs1" if i < 3 else "rs2")) for i in range(5)]
+    view = StaticView({"pods": records, "replicasets": []})
+    assert view.available and view.synced("pods") and view.synced("replicasets")
+    assert not view.synced("podmutations")
+    assert set(view.group("pods", "rs1")) == {"u0", "u1", "u2"}
+    assert set(view.group("pods", "rs2")) == {"u3", "u4"}
+    assert len(view.group("pods", "rs3")) == 0
+    assert len(view.index("pods")) == 5
+    assert view.index("pods")["u3"].owner.uid == "rs2"
+    assert len(view.index("unknown")) == 0 and len(view.group("unknown", "rs1")) == 0
+
+
+def test_state_updates_leave_earlier_snapshots_untouched() -> None:
+    state = IndexState.build([slim_pod(pod("u1", "rs1"))], PODS)
+    snapshot = View({"pods": state})
+    moved = state.put("u1", slim_pod(pod("u1", "rs2")), by_owner)
+    added = moved.put("u2", slim_pod(pod("u2", "rs1")), by_owner)
+    removed = added.remove("u1", by_owner)
+    assert set(snapshot.group("pods", "rs1")) == {"u1"}  # the old snapshot did not change
+    assert set(View({"pods": moved}).group("pods", "rs2")) == {"u1"}
+    assert len(View({"pods": moved}).group("pods", "rs1")) == 0  # a moved record leaves its old group
+    assert "rs1" not in moved.groups  # and an empty group is dropped, not kept forever
+    assert set(View({"pods": removed}).index("pods")) == {"u2"}
+    assert "rs2" not in removed.groups
+    assert removed.remove("never-there", by_owner) is removed
+
+
+def test_a_record_without_uid_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-empty str uid"):
+        IndexState.build([("no", "uid")], None)
+
+
+OPS = st.lists(
+    st.tuples(st.booleans(), st.integers(0, 12), st.sampled_from(["", "rs1", "rs2", "rs3"])), max_size=60
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_index_state_agrees_with_a_plain_dict_model(ops: list[tuple[bool, int, str]]) -> None:
+    state = IndexState(synced=True)
+    model: dict[str, PodRecord] = {}
+    for is_put, number, owner in ops:
+        uid = f"u{number}"
+        if is_put:
+            record = slim_pod(pod(uid, owner))
+            assert record is not None
+            state = state.put(uid, record, by_owner)
+            model[uid] = record
+        else:
+            state = state.remove(uid, by_owner)
+            model.pop(uid, None)
+    assert dict(state.records) == model
+    expected: dict[str, dict[str, PodRecord]] = {}
+    for uid, record in model.items():
+        expected.setdefault(record.owner.uid, {})[uid] = record
+    assert {key: dict(members) for key, members in state.groups.items()} == expected
+    assert state.synced
+
+
+# -- offline state file ---------------------------------------------------------------------------
+def test_load_state_reads_kubectl_get_output() -> None:
+    view = load_state(STATE)
+    assert view.available and view.synced("pods") and view.synced("replicasets")
+    siblings = view.group("pods", RS_UID)
+    # The evicted (Failed) Pod is no sibling; the terminating one is kept and marked.
+    assert sorted(record.name for record in siblings.values()) == [
+        "web-7d4b9c-aaaaa",
+        "web-7d4b9c-bbbbb",
+        "web-7d4b9c-ccccc",
+    ]
+    assert sorted((r.placement, r.terminating) for r in siblings.values()) == [
+        ("on-demand", False),
+        ("spot", False),
+        ("spot", True),
+    ]
+    assert set(view.group("pods", "")) == {"11111111-0000-0000-0000-000000000005"}
+    rs = view.index("replicasets")[RS_UID]
+    assert (rs.name, rs.replicas, rs.owner.kind, rs.owner.name) == ("web-7d4b9c", 3, "Deployment", "web")
+    assert len(view.index("pods")) == 4
+
+
+def test_load_state_accepts_streams_of_objects_and_only_wanted_specs() -> None:
+    text = "---\n".join(
+        [
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: n, uid: ua}\n",
+            "kind: PodList\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: b, uid: ub}}\n",
+            "",
+        ]
+    )
+    view = load_state(io.StringIO(text), [PODS])
+    assert set(view.index("pods")) == {"ua", "ub"}
+    assert view.names() == ("pods",)
+    assert not view.synced("replicasets")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- just\n- a list\n", "document 0: expected a Kubernetes object or List, got list"),
+        ("kind: List\nitems: {a: 1}\n", "'items' of a List must be a list"),
+        ("kind: List\nitems: [3]\n", "items\\[0\\]: expected a Kubernetes object or List, got int"),
+        ("a: [unclosed\n", "not YAML"),
+    ],
+)
+def test_load_state_names_the_problem(text: str, message: str) -> None:
+    with pytest.raises(StateFileError, match=message):
+        load_state(io.StringIO(text))
+
+
+def test_an_index_keyed_by_name_holds_any_record() -> None:
+    namespaces = WatchSpec(
+        "namespaces",
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        namespaced=False,
+        key=name_of,
+        slim=lambda obj: dict(obj["metadata"].get("labels") or {}),
+    )
+    text = (
+        "kind: List\nitems:\n- {apiVersion: v1, kind: Namespace, metadata: {name: shop, labels: {team: a}}}\n"
+    )
+    view = load_state(io.StringIO(text), [namespaces])
+    assert view.index("namespaces")["shop"] == {"team": "a"}
+
+
+def test_load_state_names_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(StateFileError, match="cannot read it"):
+        load_state(tmp_path / "missing.yaml")

@@ -1,0 +1,116 @@
+"""function/core/view.py, answer by answer: the records the view keeps, the keys and groups it files
+them under, and what the offline loader says about the file it could not read."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from function.core.view import (
+    PODS,
+    IndexState,
+    Owner,
+    ReplicaSetRecord,
+    StateFileError,
+    StaticView,
+    WatchSpec,
+    by_owner,
+    load_state,
+    record_key,
+    slim_replicaset,
+)
+
+
+class Bare(NamedTuple):
+    uid: str
+
+
+class OddOwner(NamedTuple):
+    uid: str
+    owner: str
+
+
+def replicaset(**metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "rs", "uid": "u1", **metadata},
+    }
+
+
+def test_a_replicaset_being_deleted_is_marked_terminating() -> None:
+    assert slim_replicaset(replicaset(deletionTimestamp="2026-11-25T00:00:00Z")) == ReplicaSetRecord(
+        "", "rs", "u1", Owner(), None, terminating=True
+    )
+    record = slim_replicaset(replicaset())
+    assert record is not None and record.terminating is False
+
+
+def test_records_without_an_owner_group_under_the_empty_key() -> None:
+    assert by_owner(Bare("u1")) == ""
+    assert by_owner(OddOwner("u1", "not an Owner")) == ""
+    assert by_owner({"metadata": {"uid": "u1"}}) == ""
+
+
+def test_record_key_of_a_whole_object_is_its_metadata_uid() -> None:
+    assert record_key({"metadata": {"uid": "u1"}}) == "u1"
+    assert record_key(Bare("u2")) == "u2"
+
+
+@pytest.mark.parametrize("record", [{"metadata": {"uid": 5}}, {"metadata": {"uid": ""}}, Bare("")])
+def test_record_key_refuses_a_uid_that_is_not_a_non_empty_string(record: object) -> None:
+    with pytest.raises(ValueError) as raised:
+        record_key(record)
+    assert str(raised.value) == f"a cluster-view record needs a non-empty str uid: {record!r}"
+
+
+def test_marking_an_index_synced_keeps_its_records_and_groups() -> None:
+    pods = [Bare("a"), Bare("b")]
+    state = IndexState.build(pods, PODS, synced=False)
+    assert state.synced is False
+    synced = state.marked_synced()
+    assert synced.synced is True
+    assert synced.records is state.records and synced.groups is state.groups
+
+
+def test_removing_from_an_index_built_without_groups() -> None:
+    state = IndexState.build([Bare("a")], None).remove("a", by_owner)
+    assert dict(state.records) == {} and dict(state.groups) == {}
+
+
+def test_a_static_view_can_be_unavailable_and_says_what_it_holds() -> None:
+    view = StaticView({"pods": [Bare("a"), Bare("b")], "replicasets": []}, available=False)
+    assert view.available is False
+    assert repr(view) == "View(available=False, pods=2, replicasets=0)"
+    assert repr(StaticView({})) == "View(available=True, )"
+
+
+def test_load_state_groups_an_index_as_its_own_spec_says() -> None:
+    jobs = WatchSpec(
+        "jobs", "batch", "v1", "jobs", "Job", group_by=by_owner, slim=lambda obj: Bare(obj["metadata"]["uid"])
+    )
+    text = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j, uid: j1}\n"
+    view = load_state(io.StringIO(text), [jobs])
+    assert dict(view.group("jobs", "")) == {"j1": Bare("j1")}
+
+
+def test_an_object_with_an_items_field_that_is_no_list_kind_is_an_object() -> None:
+    text = "apiVersion: v1\nkind: Pod\nitems: 3\nmetadata: {name: p, uid: p1}\n"
+    assert set(load_state(io.StringIO(text)).index("pods")) == {"p1"}
+
+
+def test_load_state_names_where_the_state_came_from(tmp_path: Path) -> None:
+    with pytest.raises(StateFileError) as raised:
+        load_state(io.StringIO("a: [unclosed\n"))
+    assert str(raised.value).startswith("cluster state <stream>: not YAML: ")
+    path = tmp_path / "state.yaml"
+    path.write_text("a: [unclosed\n")
+    with pytest.raises(StateFileError) as raised:
+        load_state(path)
+    assert str(raised.value).startswith(f"cluster state {path}: not YAML: ")
+    with pytest.raises(StateFileError) as raised, path.open() as stream:
+        load_state(stream)
+    assert str(raised.value).startswith(f"cluster state {path}: not YAML: ")

@@ -1,0 +1,633 @@
+"""The engine's one copy per review: mutators edit it in place, what each did is told by exact JSON
+bytes, and the original is never touched; plus the patch helpers the engine's speed rests on
+(quick_changes, apply_patch's parent cache, prove with the intended bytes)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import jsonpatch
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from function.core.config import Config
+from function.core.engine import Engine, MutatorLied, NotConverged, _Working
+from function.core.json_patch import (
+    PatchProofError,
+    apply_patch,
+    diff,
+    exact_json,
+    prove,
+    quick_changes,
+    quick_diff,
+    same,
+)
+from function.core.mutators.base import Action, MutatorResult, RequestContext
+from function.core.placement import placement_fields
+
+REQUEST = RequestContext(uid="u1", namespace="default")
+
+
+def pod() -> dict[str, Any]:
+    """A fresh Pod each time (no test can leak into another through a shared one)."""
+    return {
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "a"}, "annotations": {"x": "1"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}], "priority": 1},
+    }
+
+
+def exact(value: Any) -> tuple[bytes, str]:
+    """What must not change about an original: its JSON with key order, and its types (repr)."""
+    return orjson.dumps(value), repr(value)
+
+
+class Step:
+    """A mutator made of a function: ``edit(pod)`` returns the action to report."""
+
+    def __init__(self, name: str, edit: Callable[[dict[str, Any]], Action]) -> None:
+        self.name = name
+        self.edit = edit
+        self.calls = 0
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        self.calls += 1
+        action = self.edit(pod)
+        if action is Action.denied:
+            return MutatorResult.denied(f"{self.name} says no")
+        return MutatorResult(action, f"{self.name} {action.value}")
+
+
+def reorder_metadata(pod: dict[str, Any]) -> Action:
+    metadata = pod["metadata"]
+    items = list(metadata.items())
+    metadata.clear()
+    metadata.update(reversed(items))
+    return Action.unchanged
+
+
+def add_annotation(pod: dict[str, Any]) -> Action:
+    annotations = pod["metadata"]["annotations"]
+    if "added" in annotations:
+        return Action.unchanged
+    annotations["added"] = "yes"
+    return Action.mutated
+
+
+def engine(*mutators: Any, shadow: Any = ()) -> Engine:
+    return Engine(Config(), list(mutators), list(shadow))
+
+
+# -- what counts as a change ---------------------------------------------------------------------
+def test_a_key_order_change_alone_is_no_change_and_leaves_no_trace() -> None:
+    original = pod()
+    intended, decisions = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
+    assert intended is original
+    assert [d.action for d in decisions] == [Action.unchanged]
+
+
+def test_a_key_order_change_is_undone_before_the_next_mutator_sees_the_pod() -> None:
+    """The old engine dropped the reordering run's copy: the next mutator's change, and so the
+    intended Pod, keeps the original key order."""
+    original = pod()
+    seen: list[list[str]] = []
+
+    def look_then_add(pod: dict[str, Any]) -> Action:
+        seen.append(list(pod["metadata"]))
+        return add_annotation(pod)
+
+    decision = engine(Step("reorder", reorder_metadata), Step("add", look_then_add)).decide(original, REQUEST)
+    assert seen[0] == ["name", "labels", "annotations"]
+    assert decision.outcome == "mutated" and decision.mutated_pod is not None
+    assert list(decision.mutated_pod["metadata"]) == ["name", "labels", "annotations"]
+    assert decision.patch == ({"op": "add", "path": "/metadata/annotations/added", "value": "yes"},)
+
+
+def test_a_key_order_change_reported_as_mutated_is_a_lie() -> None:
+    def reorder_and_boast(pod: dict[str, Any]) -> Action:
+        reorder_metadata(pod)
+        return Action.mutated
+
+    with pytest.raises(MutatorLied, match="reported mutated but changed nothing"):
+        engine(Step("boast", reorder_and_boast)).run_to_fixed_point(pod(), REQUEST)
+
+
+@pytest.mark.parametrize("new", [True, 1.0])
+def test_one_to_true_or_one_point_zero_is_a_change(new: Any) -> None:
+    """Python's == calls 1, 1.0 and True equal; JSON does not, and neither does the engine."""
+
+    def alias(pod: dict[str, Any]) -> Action:
+        if type(pod["spec"]["priority"]) is type(new):
+            return Action.unchanged
+        pod["spec"]["priority"] = new
+        return Action.mutated
+
+    original = pod()
+    decision = engine(Step("alias", alias)).decide(original, REQUEST)
+    assert decision.outcome == "mutated", decision.reason
+    assert decision.patch == ({"op": "replace", "path": "/spec/priority", "value": new},)
+    assert type(original["spec"]["priority"]) is int
+
+
+def test_one_to_true_reported_unchanged_is_a_lie() -> None:
+    def sneak(pod: dict[str, Any]) -> Action:
+        pod["spec"]["priority"] = True
+        return Action.unchanged
+
+    with pytest.raises(MutatorLied, match="changed the Pod but reported unchanged"):
+        engine(Step("sneak", sneak)).run_to_fixed_point(pod(), REQUEST)
+
+
+def test_a_change_of_the_same_length_is_seen() -> None:
+    """Same byte length may be a reordering only: such a change is told apart by its content."""
+
+    def bump(pod: dict[str, Any]) -> Action:
+        if pod["metadata"]["annotations"]["x"] == "2":
+            return Action.unchanged
+        pod["metadata"]["annotations"]["x"] = "2"
+        return Action.mutated
+
+    decision = engine(Step("bump", bump)).decide(pod(), REQUEST)
+    assert decision.patch == ({"op": "replace", "path": "/metadata/annotations/x", "value": "2"},)
+
+    def hide(pod: dict[str, Any]) -> Action:
+        pod["metadata"]["annotations"]["x"] = "2"
+        return Action.unchanged
+
+    with pytest.raises(MutatorLied):
+        engine(Step("hide", hide)).run_to_fixed_point(pod(), REQUEST)
+
+
+def test_a_lie_about_a_change_of_another_length_is_caught() -> None:
+    with pytest.raises(MutatorLied, match="liar changed the Pod but reported unchanged"):
+        engine(Step("liar", lambda p: (add_annotation(p), Action.unchanged)[1])).run_to_fixed_point(
+            pod(), REQUEST
+        )
+
+
+# -- denials, exceptions, passes ----------------------------------------------------------------
+def test_a_denial_after_a_partial_change_is_a_lie_and_nothing_leaks() -> None:
+    def half_then_deny(pod: dict[str, Any]) -> Action:
+        pod["metadata"]["annotations"]["half"] = "done"
+        return Action.denied
+
+    original = pod()
+    before = exact(original)
+    decision = engine(Step("half", half_then_deny)).decide(original, REQUEST)
+    assert decision.outcome == "error" and "MutatorLied" in decision.reason and not decision.patch
+    assert exact(original) == before
+
+
+def test_an_honest_denial_returns_the_pod_as_the_mutators_before_it_left_it() -> None:
+    original = pod()
+    intended, decisions = engine(
+        Step("add", add_annotation), Step("no", lambda p: Action.denied)
+    ).run_to_fixed_point(original, REQUEST)
+    assert intended is not original and intended["metadata"]["annotations"]["added"] == "yes"
+    assert [d.action for d in decisions] == [Action.mutated, Action.denied]
+    assert "added" not in original["metadata"]["annotations"]
+
+
+def test_a_denial_before_any_change_returns_the_original() -> None:
+    original = pod()
+    intended, _ = engine(Step("no", lambda p: Action.denied), Step("add", add_annotation)).run_to_fixed_point(
+        original, REQUEST
+    )
+    assert intended is original
+
+
+def test_a_mutator_raising_after_a_partial_change_touches_nothing() -> None:
+    def half_then_raise(pod: dict[str, Any]) -> Action:
+        pod["spec"]["containers"].append({"name": "half"})
+        raise RuntimeError("boom")
+
+    original = pod()
+    before = exact(original)
+    decision = engine(Step("add", add_annotation), Step("boom", half_then_raise)).decide(original, REQUEST)
+    assert decision.outcome == "error" and "RuntimeError" in decision.reason
+    assert exact(original) == before
+
+
+def test_two_mutators_feeding_each_other_need_a_third_pass() -> None:
+    def a_after_b(pod: dict[str, Any]) -> Action:
+        annotations = pod["metadata"]["annotations"]
+        if "b" in annotations and "a" not in annotations:
+            annotations["a"] = "1"
+            return Action.mutated
+        return Action.unchanged
+
+    def b(pod: dict[str, Any]) -> Action:
+        annotations = pod["metadata"]["annotations"]
+        if "b" in annotations:
+            return Action.unchanged
+        annotations["b"] = "1"
+        return Action.mutated
+
+    first, second = Step("a", a_after_b), Step("b", b)
+    decision = engine(first, second).decide(pod(), REQUEST)
+    assert (first.calls, second.calls) == (3, 3)  # acting, acting, confirming
+    assert decision.outcome == "mutated"
+    assert [d.action for d in decision.decisions] == [Action.mutated, Action.mutated]
+    assert decision.patch == (  # in the order the annotations were added
+        {"op": "add", "path": "/metadata/annotations/b", "value": "1"},
+        {"op": "add", "path": "/metadata/annotations/a", "value": "1"},
+    )
+
+
+def test_a_single_quiet_pass_is_enough() -> None:
+    quiet = Step("quiet", lambda p: Action.unchanged)
+    intended, _ = engine(quiet).run_to_fixed_point(original := pod(), REQUEST)
+    assert intended is original and quiet.calls == 1
+
+
+def test_a_mutator_changing_every_pass_does_not_converge() -> None:
+    def count(pod: dict[str, Any]) -> Action:
+        annotations = pod["metadata"]["annotations"]
+        annotations["n"] = str(int(annotations.get("n", "0")) + 1)
+        return Action.mutated
+
+    counter = Step("count", count)
+    with pytest.raises(NotConverged):
+        engine(counter).run_to_fixed_point(pod(), REQUEST)
+    assert counter.calls == 5
+
+
+def test_no_mutator_returns_the_original_without_copying() -> None:
+    original = pod()
+    assert engine().run_to_fixed_point(original, REQUEST) == (original, ())
+
+
+def test_mutators_never_receive_the_original_and_it_never_changes() -> None:
+    received: list[dict[str, Any]] = []
+
+    def record(pod: dict[str, Any]) -> Action:
+        received.append(pod)
+        return add_annotation(pod)
+
+    original = pod()
+    before = exact(original)
+    decision = engine(Step("record", record)).decide(original, REQUEST)
+    assert decision.outcome == "mutated"
+    assert all(r is not original for r in received)
+    assert all(r["metadata"] is not original["metadata"] for r in received)
+    assert exact(original) == before
+
+
+# -- the copy and its record ---------------------------------------------------------------------
+def test_the_copy_equals_the_original_exactly_and_shares_nothing_mutable() -> None:
+    original = pod()
+    working = _Working(original)
+    assert exact(working.pod) == exact(original)
+    assert (
+        working.pod is not original
+        and working.pod["spec"]["containers"] is not original["spec"]["containers"]
+    )
+    assert working.json == exact_json(original)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [float("inf"), (1, 2), 2**70],
+    ids=["infinity", "tuple", "big-int"],
+)
+def test_what_orjson_cannot_copy_exactly_is_copied_with_its_type(odd: Any) -> None:
+    """orjson writes infinity as null and a tuple as a list, and cannot write a big integer: the
+    mutators must still see the value the Pod holds."""
+    original = pod()
+    original["spec"]["odd"] = odd
+    seen: list[Any] = []
+
+    def look(pod: dict[str, Any]) -> Action:
+        seen.append(pod["spec"]["odd"])
+        return add_annotation(pod)
+
+    decision = engine(Step("look", look)).decide(original, REQUEST)
+    assert type(seen[0]) is type(odd) and seen[0] == odd
+    assert decision.outcome == "mutated", decision.reason
+    assert decision.patch == ({"op": "add", "path": "/metadata/annotations/added", "value": "yes"},)
+    assert original["spec"]["odd"] is odd and "added" not in original["metadata"]["annotations"]
+
+
+def test_without_bytes_a_lie_and_a_reordering_are_still_told_apart() -> None:
+    original = pod()
+    original["spec"]["big"] = 2**70
+    with pytest.raises(MutatorLied):
+        engine(Step("liar", lambda p: (add_annotation(p), Action.unchanged)[1])).run_to_fixed_point(
+            original, REQUEST
+        )
+    intended, _ = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
+    assert intended is original
+    seen: list[list[str]] = []
+
+    def look_then_add(pod: dict[str, Any]) -> Action:
+        seen.append(list(pod["metadata"]))
+        return add_annotation(pod)
+
+    intended, _ = engine(Step("reorder", reorder_metadata), Step("add", look_then_add)).run_to_fixed_point(
+        original, REQUEST
+    )
+    assert seen[0] == ["name", "labels", "annotations"] and list(intended["metadata"]) == seen[0]
+    assert seen[1] == seen[0]  # the confirming pass: the record was not the Pod the mutators edit
+
+
+def test_a_mutator_writing_what_orjson_cannot_is_a_change_and_later_ones_are_still_seen() -> None:
+    def big(pod: dict[str, Any]) -> Action:
+        if pod["spec"].get("big") == 2**70:
+            return Action.unchanged
+        pod["spec"]["big"] = 2**70
+        return Action.mutated
+
+    original = pod()
+    intended, decisions = engine(Step("big", big), Step("add", add_annotation)).run_to_fixed_point(
+        original, REQUEST
+    )
+    assert [d.action for d in decisions] == [Action.mutated, Action.mutated]
+    assert intended["spec"]["big"] == 2**70 and intended["metadata"]["annotations"]["added"] == "yes"
+    assert "big" not in original["spec"]
+
+
+def test_settle_keeps_the_record_in_step_with_the_pod() -> None:
+    working = _Working(pod())
+    assert working.settle() is False
+    working.pod["metadata"]["annotations"]["y"] = "2"
+    assert working.settle() is True
+    assert working.json == exact_json(working.pod)
+    assert working.settle() is False  # the change became the record
+    working.pod["metadata"]["annotations"]["y"] = "3"  # same length
+    assert working.settle() is True and working.json == exact_json(working.pod)
+    reorder_metadata(working.pod)
+    assert working.settle() is False
+    assert working.json == exact_json(working.pod)  # put back exactly as recorded
+
+
+# -- shadow mutators ---------------------------------------------------------------------------
+def test_a_shadow_mutator_works_on_its_own_copy() -> None:
+    edited: list[dict[str, Any]] = []
+
+    def shadow_edit(pod: dict[str, Any]) -> Action:
+        edited.append(pod)
+        return add_annotation(pod)
+
+    original = pod()
+    decision = engine(
+        Step(
+            "enforce",
+            lambda p: (
+                (p["metadata"]["labels"].update(b="2"), Action.mutated)[1]
+                if "b" not in p["metadata"]["labels"]
+                else Action.unchanged
+            ),
+        ),
+        shadow=[Step("shadow", shadow_edit)],
+    ).decide(original, REQUEST)
+    assert decision.outcome == "mutated" and decision.mutated_pod is not None
+    assert edited[0] is not decision.mutated_pod
+    assert "added" not in decision.mutated_pod["metadata"]["annotations"]
+    assert decision.patch == ({"op": "add", "path": "/metadata/labels/b", "value": "2"},)
+    assert [(d.mutator, d.action, d.shadow) for d in decision.decisions] == [
+        ("enforce", Action.mutated, False),
+        ("shadow", Action.mutated, True),
+    ]
+
+
+def test_a_shadow_reordering_is_no_change() -> None:
+    decision = engine(shadow=[Step("reorder", reorder_metadata)]).decide(pod(), REQUEST)
+    assert decision.outcome == "unchanged" and decision.decisions[0].action is Action.unchanged
+
+
+# -- the proof's rule checks ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("where", "edit"),
+    [
+        ("metadata.labels", lambda p: p["metadata"]["labels"].update({"bad key!": "v"})),
+        ("metadata.annotations", lambda p: p["metadata"]["annotations"].update({"n": 1})),
+        ("spec.nodeSelector", lambda p: p["spec"].update(nodeSelector={"k": "bad value!"})),
+        ("spec.tolerations", lambda p: p["spec"].update(tolerations=[{"operator": "Sometimes"}])),
+        (
+            "spec.affinity",
+            lambda p: p["spec"].update(
+                affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+            ),
+        ),
+    ],
+)
+def test_a_patch_breaking_any_placement_rule_is_withheld(where: str, edit: Callable[[Any], None]) -> None:
+    done: list[bool] = []
+
+    def breaker(pod: dict[str, Any]) -> Action:
+        if done:
+            return Action.unchanged
+        done.append(True)
+        edit(pod)
+        return Action.mutated
+
+    decision = engine(Step("breaker", breaker)).decide(pod(), REQUEST)
+    assert decision.outcome == "error" and not decision.patch, decision.reason
+    assert where in decision.reason
+
+
+def test_placement_violations_the_original_has_already_are_not_blamed_on_the_patch() -> None:
+    original = pod()
+    original["metadata"]["labels"]["bad key!"] = "v"
+    decision = engine(
+        Step(
+            "labeller",
+            lambda p: (
+                Action.unchanged
+                if "b" in p["metadata"]["labels"]
+                else (p["metadata"]["labels"].update(b="2"), Action.mutated)[1]
+            ),
+        )
+    ).decide(original, REQUEST)
+    assert decision.outcome == "mutated", decision.reason
+
+
+def test_placement_fields_are_what_scheduling_violations_reads() -> None:
+    full = pod()
+    full["spec"].update(nodeSelector={"n": "1"}, tolerations=[], affinity={})
+    fields = placement_fields(full)
+    assert fields == ({"app": "a"}, {"x": "1"}, {"n": "1"}, [], {})
+    assert fields[0] is full["metadata"]["labels"] and fields[4] is full["spec"]["affinity"]
+    assert placement_fields({"metadata": "x", "spec": []}) == (None, None, None, None, None)
+    assert placement_fields({"spec": {"tolerations": [1]}}) == (None, None, None, [1], None)
+
+
+# -- prove with the intended bytes ----------------------------------------------------------------
+def test_prove_with_the_intended_bytes() -> None:
+    original = {"a": {"b": 1}, "c": {"d": 1}}
+    intended = {"a": {"b": 2}, "c": {"d": 1}}
+    patch = [{"op": "replace", "path": "/a/b", "value": 2}]
+    result = prove(original, patch, intended, exact_json(intended))
+    assert result == intended and result["c"] is original["c"]
+    # bytes of another key order: the proof falls back to JSON equality and still passes
+    reordered = {"c": {"d": 1}, "a": {"b": 2}}
+    assert prove(original, patch, reordered, exact_json(reordered)) == intended
+    # wrong bytes never prove a wrong patch
+    with pytest.raises(PatchProofError, match="differs"):
+        prove(original, [{"op": "replace", "path": "/a/b", "value": 3}], intended, exact_json(intended))
+    with pytest.raises(PatchProofError, match="differs"):
+        prove(
+            original,
+            [{"op": "replace", "path": "/a/b", "value": True}],
+            {"a": {"b": 1}, "c": {"d": 1}},
+            exact_json({"a": {"b": 1}, "c": {"d": 1}}),
+        )
+
+
+def test_exact_json_refuses_what_it_cannot_write_as_is() -> None:
+    assert exact_json({"b": 1, "a": [True, 1.0, None]}) == b'{"b":1,"a":[true,1.0,null]}'
+    for odd in (2**64, "\ud800", {1: 2}, {"a": str.__new__(type("S", (str,), {}), "x")}):
+        assert exact_json(odd) is None
+
+
+# -- quick_changes and quick_diff against diff ---------------------------------------------------
+plain_values = st.recursive(
+    st.none() | st.integers(-2, 2) | st.text("ab~/", max_size=2),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text("ab~/", max_size=2), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=plain_values, new=plain_values)
+def test_quick_diff_and_quick_changes_agree_with_diff_without_aliased_scalars(old: Any, new: Any) -> None:
+    """Without 1/true/1.0 aliases, == and JSON agree: the quick walks must give diff's operations."""
+    expected = diff({"r": old}, {"r": new})
+    assert quick_diff({"r": old}, {"r": new}) == expected
+    assert quick_changes({"r": old}, {"r": new}) == expected
+    assert quick_diff(old, new, "/r") == diff(old, new, "/r")
+
+
+def test_quick_changes_sees_a_member_of_another_type_that_quick_diff_skips() -> None:
+    assert quick_diff({"a": 1}, {"a": True}) == []
+    assert quick_changes({"a": 1}, {"a": True}) == [{"op": "replace", "path": "/a", "value": True}]
+    assert quick_changes({"a": 1}, {"a": 1}) == []
+
+
+def test_quick_changes_orders_removes_changes_adds() -> None:
+    old = {"x": 1, "keep": {"v": 1}, "gone/": 2}
+    new = {"new~": {"n": [1]}, "keep": {"v": 2}, "x": 1}
+    assert quick_changes(old, new) == [
+        {"op": "remove", "path": "/gone~1"},
+        {"op": "replace", "path": "/keep/v", "value": 2},
+        {"op": "add", "path": "/new~0", "value": {"n": [1]}},
+    ]
+    assert quick_changes(old, new)[2]["value"] is not new["new~"]  # values are copies
+    assert quick_changes({"l": [1, 2]}, {"l": [1, 2, 3]}) == [{"op": "add", "path": "/l/2", "value": 3}]
+    assert quick_changes({"l": [1, 2, 3]}, {"l": [1]}) == [
+        {"op": "remove", "path": "/l/2"},
+        {"op": "remove", "path": "/l/1"},
+    ]
+    assert quick_changes({"l": [1, 2]}, {"l": [2]}) == [{"op": "replace", "path": "/l", "value": [2]}]
+    assert quick_changes({"l": [{"a": 1}]}, {"l": [{"a": 2}]}) == [
+        {"op": "replace", "path": "/l/0/a", "value": 2}
+    ]
+
+
+# -- apply_patch: remembered parents stay true ------------------------------------------------------
+def jsonpatch_result(document: Any, patch: list[Any]) -> Any:
+    try:
+        return jsonpatch.JsonPatch(copy.deepcopy(patch)).apply(document, in_place=False)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError, TypeError):
+        return PatchProofError
+
+
+def ours(document: Any, patch: list[Any]) -> Any:
+    try:
+        return apply_patch(document, copy.deepcopy(patch))
+    except PatchProofError:
+        return PatchProofError
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        # a remembered parent under a list that shifted must not be reused
+        [
+            {"op": "add", "path": "/l/1/x", "value": 1},
+            {"op": "remove", "path": "/l/0"},
+            {"op": "add", "path": "/l/1/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/l/0/x", "value": 1},
+            {"op": "add", "path": "/l/0", "value": {"new": True}},
+            {"op": "add", "path": "/l/0/y", "value": 2},
+        ],
+        # the trail to a sibling must not survive a replaced ancestor, the document included
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "", "value": {"m": {"a": {}}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/k", "value": 1},
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "/m/a", "value": {"b": {}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "/m", "value": {"a": {}, "b": {}}},
+            {"op": "add", "path": "/m/b/y", "value": 2},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "add", "path": "/m/b/y", "value": 2},
+            {"op": "remove", "path": "/m/a/k"},
+            {"op": "add", "path": "/m/a/w", "value": 4},
+        ],
+        [
+            {"op": "add", "path": "/l/1/x", "value": 1},
+            {"op": "replace", "path": "/l/1", "value": {"r": 1}},
+            {"op": "add", "path": "/l/1/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "add", "path": "/m/a", "value": {"fresh": 1}},
+            {"op": "add", "path": "/m/a/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "remove", "path": "/m"},
+            {"op": "add", "path": "/m/a/y", "value": 2},
+        ],
+    ],
+)
+def test_apply_patch_matches_jsonpatch_when_parents_move_or_go(patch: list[Any]) -> None:
+    document = {"l": [{"a": 0}, {"a": 1}], "m": {"a": {"k": 1}, "b": {}}}
+    before = exact(document)
+    assert same(ours(document, patch), jsonpatch_result(document, patch)) or ours(
+        document, patch
+    ) == jsonpatch_result(document, patch)
+    assert exact(document) == before
+
+
+paths = st.lists(st.sampled_from(["l", "m", "0", "1", "2", "a", "b", "-"]), min_size=1, max_size=3).map(
+    lambda tokens: "/" + "/".join(tokens)
+)
+operations = st.builds(
+    lambda op, path, value: {"op": op, "path": path, "value": value},
+    st.sampled_from(["add", "remove", "replace"]),
+    paths,
+    st.sampled_from([1, "v", {}, {"a": 1}, [], [0]]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(patch=st.lists(operations, max_size=6))
+def test_apply_patch_matches_jsonpatch_on_any_patch(patch: list[Any]) -> None:
+    document = {"l": [{"a": 0}, {"a": 1}, [2]], "m": {"a": {"b": 1}, "b": [1]}}
+    before = exact(document)
+    mine, theirs = ours(document, patch), jsonpatch_result(document, patch)
+    if theirs is PatchProofError or mine is PatchProofError:
+        assert mine is theirs
+    else:
+        assert same(mine, theirs)
+    assert exact(document) == before

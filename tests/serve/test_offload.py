@@ -1,0 +1,152 @@
+"""Large reviews off the event loop (function/serve/offload.py): the child's answer and the event the
+worker records from the slim review are exactly those of an in-process review; served, a large
+review is answered while small ones keep being answered."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from function.admission.review import Admission
+from function.audit.metrics import AuditMetrics
+from function.audit.recorder import AuditRecorder
+from function.contract import LARGE_BODY_BYTES
+from function.core.config import parse_config
+from function.core.engine import Engine
+from function.serve import offload
+from function.serve.http_api import WebhookHttp
+from tests.audit_support import Served
+from tests.hostile import large_review, with_pod
+from tests.support import REVIEWS
+
+CONFIG = parse_config({"vgpu": {"enabled": True}})
+VOLATILE = ("durationSeconds", "decidedAt")
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def submit(self, event: Any) -> None:
+        # The recorder queues the wire form (events.build_wire_event); read it back as a CloudEvent.
+        self.events.append(event.cloud_event())
+
+
+def webhook_with(sender: Collect) -> WebhookHttp:
+    recorder = AuditRecorder(CONFIG.audit, "sha256:test", AuditMetrics("test"), sender)  # type: ignore[arg-type]
+    return WebhookHttp(Admission(Engine(CONFIG), recorder))
+
+
+def secret_env(pod: dict[str, Any]) -> None:
+    container = pod["spec"]["containers"][0]
+    container["env"] = [{"name": "TOKEN", "value": "2"}]  # the slice count: redacted in the event's patch
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        large_review(LARGE_BODY_BYTES * 2),
+        json.dumps(with_pod("default-slice-inference", secret_env)).encode(),
+        json.dumps(with_pod("default-vgpu-mem-cores", lambda pod: None)).encode(),
+        json.dumps(with_pod("default-dry-run-probe", lambda pod: None)).encode(),
+        b'{"kind": "AdmissionReview"}',
+    ],
+    ids=["large", "redacted-patch", "vgpu", "dry-run", "bad"],
+)
+def test_the_child_answers_and_the_worker_records_as_in_process(
+    body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offload, "_admission", Admission(Engine(CONFIG)))
+    here, there = Collect(), Collect()
+    expected = webhook_with(here).handle("POST", "/mutate", body)
+    outcome = offload.decide(body)
+    got = webhook_with(there).recorded(*outcome)
+    assert (got.status, got.body) == (expected.status, expected.body)
+    assert len(here.events) == len(there.events)
+    for ours, theirs in zip(here.events, there.events, strict=True):
+        mine, other = ours.get_data(), theirs.get_data()
+        for key in VOLATILE:
+            mine.pop(key), other.pop(key)
+        assert mine == other
+        assert {k: v for k, v in ours.get_attributes().items() if k not in ("id", "time")} == {
+            k: v for k, v in theirs.get_attributes().items() if k not in ("id", "time")
+        }
+
+
+def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(tmp_path: Any) -> None:
+    served = Served(tmp_path)
+    big = large_review()
+    small = (REVIEWS / "default-slice-inference.json").read_bytes()
+    results: list[tuple[int, float]] = []
+
+    def post_big() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        started = time.monotonic()
+        connection.request("POST", "/mutate", big, {"content-type": "application/json"})
+        reply = connection.getresponse()
+        payload = json.loads(reply.read())
+        assert payload["response"]["auditAnnotations"]["outcome"] == "mutated"
+        results.append((reply.status, time.monotonic() - started))
+
+    try:
+        threads = [threading.Thread(target=post_big) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        small_answers = 0
+        while any(thread.is_alive() for thread in threads):
+            connection.request("POST", "/mutate", small, {"content-type": "application/json"})
+            reply = connection.getresponse()
+            reply.read()
+            assert reply.status == 200
+            small_answers += 1
+        for thread in threads:
+            thread.join()
+
+        def events() -> list[Any]:
+            return [line for line in served.stdout_lines() if line.get("castslice") == "audit-event"]
+
+        # Events are written by the audit sender thread after the reply: give the last ones time
+        # to reach stdout before the server is killed (a count, not a sleep: no slack hides a loss).
+        deadline = time.monotonic() + 10
+        while len(events()) < 2 + small_answers and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        served.kill()
+    assert [status for status, _ in results] == [200, 200]
+    assert all(took < 5 for _, took in results), results  # the apiserver's default timeout... ours
+    assert small_answers >= 5  # the loop kept answering while the large reviews were decided
+    assert len(events()) == 2 + small_answers  # the large ones are recorded by the worker too
+
+
+@pytest.mark.parametrize(("config", "offloaded"), [("{}", True), ("podMutations: {enabled: true}", False)])
+def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, config: str, offloaded: bool
+) -> None:
+    """The large-review process has no cluster view: with a mutator that reads the cluster on,
+    large Pods stay on the event loop rather than being decided on an empty view."""
+    import functions_framework._http
+
+    import function.serve.asgi
+    from function import cli
+    from function.contract import LARGE_REVIEWS_ENV
+
+    class NoServer:
+        def run(self, host: str, port: int) -> None:
+            return None
+
+    monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
+    # No app either: building it would start the watches, which need a cluster.
+    monkeypatch.setattr(function.serve.asgi, "serving_app", lambda *a, **k: object())
+    monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
+    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    assert cli.main(["serve", "--config", str(path), "--port", "0"]) == 0
+    assert (os.environ.get(LARGE_REVIEWS_ENV) == "process") is offloaded

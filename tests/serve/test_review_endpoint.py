@@ -1,0 +1,193 @@
+"""The bare review endpoint `castslice serve` answers reviews with (function/func.py
+``review_endpoint``) against functions-framework's own app serving the same ``mutate`` function:
+the same bytes for every recorded review and every kind of bad body, and the body-reading rules
+(size limits, chunks, a client that leaves) checked on the endpoint itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from function.contract import MAX_BODY_BYTES
+from tests.support import FUNC_SOURCE, REVIEWS
+
+BAD_BODIES = [
+    b"",
+    b"not json",
+    b"[]",
+    b'{"kind": "AdmissionReview"}',
+    b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": 7}',
+    b'{"a": NaN}',
+    b"[" * 300 + b"]" * 300,
+]
+
+
+def _apps(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """(functions-framework's app, the serving app), each over its own load of function/func.py."""
+    from functions_framework.aio import create_asgi_app
+
+    from function.serve.asgi import serving_app
+
+    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
+    plain = create_asgi_app("mutate", str(FUNC_SOURCE))
+    served = serving_app("mutate")
+    return plain, served
+
+
+def test_every_recorded_review_gets_the_same_bytes_as_from_functions_framework(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain, served = _apps(monkeypatch)
+    with TestClient(plain) as a, TestClient(served) as b:
+        for path in sorted(REVIEWS.glob("*.json")):
+            body = path.read_bytes()
+            expected, got = a.post("/mutate", content=body), b.post("/mutate", content=body)
+            assert (got.status_code, got.content) == (expected.status_code, expected.content), path.name
+            assert got.headers["content-type"] == "application/json"
+            assert got.headers["content-length"] == str(len(got.content))
+
+
+@pytest.mark.parametrize("body", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_a_bad_body_gets_the_same_400_as_from_functions_framework(
+    monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    plain, served = _apps(monkeypatch)
+    expected = TestClient(plain).post("/", content=body)
+    got = TestClient(served).post("/", content=body)
+    assert got.status_code == expected.status_code == 400
+    assert got.content == expected.content
+
+
+def test_everything_but_a_review_is_left_to_functions_framework(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, served = _apps(monkeypatch)
+    client = TestClient(served)
+    assert client.get("/mutate").status_code == 405
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.post("/healthz").status_code == 405
+    assert client.post("/nowhere").status_code == 404
+
+
+# -- the endpoint itself, driven by hand --------------------------------------------------------
+def _endpoint() -> Any:
+    return sys.modules[FUNC_SOURCE.stem].review_endpoint
+
+
+def _call(messages: list[dict[str, Any]], headers: list[tuple[bytes, bytes]] | None = None) -> list[Any]:
+    scope = {"type": "http", "method": "POST", "path": "/mutate", "headers": headers or []}
+    queue = list(messages)
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(_endpoint()(scope, receive, send))
+    assert not queue or all(m["type"] == "http.request" for m in queue)
+    return sent
+
+
+@pytest.fixture
+def endpoint_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    _apps(monkeypatch)
+
+
+def _reply(sent: list[Any]) -> tuple[int, bytes]:
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    return sent[0]["status"], sent[1]["body"]
+
+
+def test_a_body_in_several_chunks_is_joined(endpoint_loaded: None) -> None:
+    body = (REVIEWS / "default-slice-inference.json").read_bytes()
+    thirds = [body[: len(body) // 3], body[len(body) // 3 : 2 * len(body) // 3], body[2 * len(body) // 3 :]]
+    messages = [{"type": "http.request", "body": part, "more_body": True} for part in thirds]
+    messages[-1]["more_body"] = False
+    status, reply = _reply(_call(messages))
+    assert status == 200
+    assert json.loads(reply)["response"]["patchType"] == "JSONPatch"
+
+
+def test_a_declared_length_over_the_limit_is_413_without_reading(endpoint_loaded: None) -> None:
+    sent = _call([], [(b"content-length", str(MAX_BODY_BYTES + 1).encode())])
+    status, reply = _reply(sent)
+    assert status == 413
+    assert str(MAX_BODY_BYTES) in json.loads(reply)["error"]
+
+
+def test_a_declared_length_at_the_limit_is_read(endpoint_loaded: None) -> None:
+    sent = _call(
+        [{"type": "http.request", "body": b"[]", "more_body": False}],
+        [(b"content-length", str(MAX_BODY_BYTES).encode())],
+    )
+    assert _reply(sent)[0] == 400  # read and parsed: a JSON array is not a review
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_body_over_the_limit_is_413(endpoint_loaded: None, split: bool) -> None:
+    big = b" " * (MAX_BODY_BYTES + 1)
+    if split:
+        messages = [
+            {"type": "http.request", "body": big[:1000], "more_body": True},
+            {"type": "http.request", "body": big[1000:], "more_body": False},
+        ]
+    else:
+        messages = [{"type": "http.request", "body": big, "more_body": False}]
+    assert _reply(_call(messages))[0] == 413
+
+
+def test_a_body_of_exactly_the_limit_in_chunks_is_read(endpoint_loaded: None) -> None:
+    review = (REVIEWS / "default-not-opted-in.json").read_bytes()
+    body = review + b" " * (MAX_BODY_BYTES - len(review))
+    messages = [
+        {"type": "http.request", "body": body[:100], "more_body": True},
+        {"type": "http.request", "body": body[100:], "more_body": False},
+    ]
+    assert _reply(_call(messages))[0] == 200
+
+
+@pytest.mark.parametrize("after_chunks", [0, 1])
+def test_a_client_that_leaves_gets_a_408_nobody_reads(endpoint_loaded: None, after_chunks: int) -> None:
+    chunk = {"type": "http.request", "body": b"{", "more_body": True}
+    messages: list[dict[str, Any]] = [chunk] * after_chunks
+    messages.append({"type": "http.disconnect"})
+    assert _reply(_call(messages)) == (408, b"")
+
+
+def test_extra_reply_headers_are_sent(endpoint_loaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from function.serve.http_api import HttpReply
+
+    module = sys.modules[FUNC_SOURCE.stem]
+
+    async def answer(method: str, path: str, body: bytes | None) -> HttpReply:
+        return HttpReply(405, b"{}", "application/json", {"Allow": "POST"})
+
+    monkeypatch.setattr(module, "answer", answer)
+    sent = _call([{"type": "http.request", "body": b"", "more_body": False}])
+    assert (b"allow", b"POST") in sent[0]["headers"]
+    assert (b"content-length", b"2") in sent[0]["headers"]
+
+
+def test_the_serving_app_registers_the_direct_review_handler_with_the_same_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under CastSliceWorker small reviews are answered by the protocol with the registered
+    handler (function/serve/protocol.py): it must give the bytes the ASGI endpoint gives."""
+    from function.serve import protocol as server
+
+    monkeypatch.setattr(server, "DIRECT_REVIEWS", [])
+    plain, _ = _apps(monkeypatch)
+    registered = sys.modules[FUNC_SOURCE.stem].direct_review
+    assert server.DIRECT_REVIEWS[0] is registered and len(server.DIRECT_REVIEWS) == 1
+    with TestClient(plain) as client:
+        for path in [*sorted(REVIEWS.glob("*.json"))[:8], None]:
+            body = path.read_bytes() if path is not None else b"not json"
+            expected = client.post("/mutate", content=body)
+            reply = server.DIRECT_REVIEWS[0]("/mutate", body)
+            assert (reply.status, reply.body) == (expected.status_code, expected.content)
+            assert reply.content_type == expected.headers["content-type"]

@@ -1,0 +1,454 @@
+"""The server's connection rules (function/serve/protocol.py): header size, header and body read times,
+idle keep-alive, and a shutdown that answers every request received or closes cleanly (a FIN,
+never a reset). Run on a real uvicorn server on loopback, with the time limits made short."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from function.contract import MAX_HEADER_BYTES
+from function.serve import protocol as hardened
+from tests.audit_support import Served
+from tests.support import REVIEWS
+
+SHORT = 0.5
+
+
+async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/slow":
+        await asyncio.sleep(0.3)
+    reply = b'{"size":%d}' % len(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(reply)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": reply})
+
+
+class LoopbackServer:
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        config = uvicorn.Config(
+            echo_app,
+            host="127.0.0.1",
+            port=self.port,
+            http=hardened.HardenedHttpToolsProtocol,
+            loop="asyncio",
+            lifespan="off",
+            log_level="critical",
+            timeout_keep_alive=int(SHORT) or 1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        return sock
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
+    monkeypatch.setattr(hardened, "HEADER_READ_SECONDS", SHORT)
+    monkeypatch.setattr(hardened, "BODY_READ_SECONDS", SHORT)
+    monkeypatch.setattr(hardened, "IDLE_KEEPALIVE_SECONDS", SHORT)
+    server = LoopbackServer()
+    yield server
+    server.stop()
+
+
+def read_all(sock: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response (headers and a Content-Length body) from a kept-alive connection, and not a
+    byte more: pipelined replies can arrive in one segment, and what follows this one is the next's.
+    """
+    data = b""
+    while not data.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(1)  # the head byte by byte: a reply is small, and nothing is over-read
+        assert chunk, f"closed before a response: {data!r}"
+        data += chunk
+    length = int(
+        next(
+            line.split(b":")[1] for line in data.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+    )
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        assert chunk, f"closed inside a response body: {data + body!r}"
+        body += chunk
+    return data + body
+
+
+REQUEST = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_a_normal_request_is_served_and_kept_alive(served: LoopbackServer) -> None:
+    with served.connect() as sock:
+        for _ in range(3):
+            sock.sendall(REQUEST)
+            reply = read_response(sock)
+            assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"size":2}')
+
+
+def test_headers_larger_than_the_limit_get_431_before_they_are_buffered(served: LoopbackServer) -> None:
+    with served.connect() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(MAX_HEADER_BYTES // 16384 + 4):
+                sock.sendall(b"a" * 16384)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while still sending: the reply is already in our buffer
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:100]
+    assert b"connection: close" in reply
+
+
+def test_headers_sent_too_slowly_get_408_and_the_connection_closes(served: LoopbackServer) -> None:
+    started = time.monotonic()
+    with served.connect() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\n")
+        try:
+            for byte in b"Host: x\r\nX-Slow: abcdefghijklmnop":
+                if select.select([sock], [], [], 0.1)[0]:
+                    break  # the server answered
+                sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert time.monotonic() - started < SHORT + 2
+
+
+def test_a_body_shorter_than_its_content_length_gets_408(served: LoopbackServer) -> None:
+    started = time.monotonic()
+    with served.connect() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert b"request body not received" in reply
+    assert SHORT - 0.1 < time.monotonic() - started < SHORT + 2
+
+
+@pytest.mark.parametrize("after_a_request", [False, True])
+def test_an_idle_connection_is_closed(served: LoopbackServer, after_a_request: bool) -> None:
+    started = time.monotonic()
+    with served.connect() as sock:
+        if after_a_request:
+            sock.sendall(REQUEST)
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+        assert read_all(sock) == b""
+    assert time.monotonic() - started < SHORT + 2
+
+
+def test_stray_bytes_that_begin_no_request_do_not_hold_a_connection(served: LoopbackServer) -> None:
+    started = time.monotonic()
+    with served.connect() as sock:
+        try:
+            for _ in range(30):
+                if select.select([sock], [], [], 0.1)[0]:
+                    break
+                sock.sendall(b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        read_all(sock)
+    assert time.monotonic() - started < SHORT + 2.5
+
+
+def test_at_shutdown_every_request_received_is_answered_and_idle_connections_get_a_fin(
+    served: LoopbackServer,
+) -> None:
+    """Requests sent on kept-alive connections as shutdown starts: each is answered (with
+    connection: close) or its connection ends with a FIN before it is read; no reset."""
+    busy = [served.connect() for _ in range(10)]
+    idle = [served.connect() for _ in range(5)]
+    for sock in busy + idle:
+        sock.sendall(REQUEST)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+    for sock in busy:
+        sock.sendall(REQUEST.replace(b"/echo", b"/slow"))
+    served.server.should_exit = True
+    answered = 0
+    for sock in busy + idle:
+        try:
+            reply = read_all(sock)  # raises ConnectionResetError on a reset
+        finally:
+            sock.close()
+        if reply:
+            assert reply.startswith(b"HTTP/1.1 200") and b"connection: close" in reply, reply
+            answered += 1
+    assert answered >= len(busy)  # the in-flight ones all got their answer
+
+
+def test_served_sigterm_under_load_resets_no_connection(tmp_path: Any) -> None:
+    """``castslice serve`` itself (gunicorn + the hardened worker): keep-alive clients posting
+    reviews while SIGTERM arrives see answers or clean closes, never a reset."""
+    served = Served(tmp_path)
+    body = (REVIEWS / "default-slice-inference.json").read_bytes()
+    resets: list[BaseException] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        while not stop.is_set():
+            try:
+                connection.request("POST", "/mutate", body, {"content-type": "application/json"})
+                reply = connection.getresponse()
+                reply.read()
+                answered[0] += 1
+                if reply.getheader("connection") == "close":
+                    return
+            except ConnectionResetError as error:
+                resets.append(error)
+                return
+            except (http.client.RemoteDisconnected, ConnectionRefusedError, BrokenPipeError):
+                return  # closed cleanly before our request was read, or no longer accepting
+
+    try:
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        served.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(15)
+        stop.set()
+    finally:
+        stop.set()
+        served.kill()
+    assert answered[0] > 8
+    assert not resets, resets
+
+
+def test_the_readme_documents_the_values_in_force() -> None:
+    from function import contract
+    from tests.support import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[2].strip()
+        for line in readme.splitlines()
+        if line.startswith("| `") and line.split("|")[1].strip(" `").isupper()
+    }
+    expected = {
+        "MAX_HEADER_BYTES": f"{contract.MAX_HEADER_BYTES // 1024} KiB",
+        "HEADER_READ_SECONDS": f"{contract.HEADER_READ_SECONDS:g} s",
+        "BODY_READ_SECONDS": f"{contract.BODY_READ_SECONDS:g} s",
+        "IDLE_KEEPALIVE_SECONDS": f"{contract.IDLE_KEEPALIVE_SECONDS:g} s",
+        "SHUTDOWN_PICKUP_SECONDS": f"{contract.SHUTDOWN_PICKUP_SECONDS:g} s",
+        "SHUTDOWN_LINGER_SECONDS": f"{contract.SHUTDOWN_LINGER_SECONDS:g} s",
+        "LARGE_BODY_BYTES": f"{contract.LARGE_BODY_BYTES // 1024} KiB",
+        "MAX_JSON_DEPTH": f"{contract.MAX_JSON_DEPTH} levels",
+        "MAX_QUOTED_CHARS": f"{contract.MAX_QUOTED_CHARS}",
+    }
+    assert {name: rows.get(name) for name in expected} == expected
+
+
+# -- reviews answered by the protocol itself (DIRECT_REVIEWS) ------------------------------------
+class DirectHandler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail = False
+
+    def __call__(self, path: str, body: bytes) -> Any:
+        from function.serve.http_api import HttpReply
+
+        self.calls.append((path, len(body)))
+        if self.fail:
+            raise RuntimeError("boom")
+        return HttpReply(200, b'{"direct":%d}' % len(body))
+
+
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
+    """The server with its read and idle timers far out, for tests about what is answered and in
+    what order, not when: on a machine starved of CPU, a 0.5 s idle timer could close a connection
+    before its first bytes are read, and the test would be measuring the machine."""
+    for name in ("HEADER_READ_SECONDS", "BODY_READ_SECONDS", "IDLE_KEEPALIVE_SECONDS"):
+        monkeypatch.setattr(hardened, name, 30.0)
+    server = LoopbackServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def direct(monkeypatch: pytest.MonkeyPatch) -> DirectHandler:
+    handler = DirectHandler()
+    monkeypatch.setattr(hardened, "DIRECT_REVIEWS", [handler])
+    return handler
+
+
+def review_request(body: bytes, path: bytes = b"/mutate", extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (path, extra, len(body), body)
+
+
+def test_reviews_are_answered_directly_and_kept_alive(patient: LoopbackServer, direct: DirectHandler) -> None:
+    with patient.connect() as sock:
+        for path in (b"/mutate", b"/", b"/mutate?timeout=10s"):
+            sock.sendall(review_request(b"{}" * 3, path))
+            reply = read_response(sock)
+            assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"direct":6}'), reply
+            assert b"content-type: application/json" in reply and b"connection: close" not in reply
+    assert direct.calls == [("/mutate", 6), ("/", 6), ("/mutate", 6)]
+
+
+def test_pipelined_reviews_are_answered_in_order(patient: LoopbackServer, direct: DirectHandler) -> None:
+    with patient.connect() as sock:
+        sock.sendall(review_request(b"a") + REQUEST + review_request(b"bbb") + review_request(b"cc"))
+        replies = [read_response(sock) for _ in range(4)]
+    assert [r.rpartition(b"\r\n\r\n")[2] for r in replies] == [
+        b'{"direct":1}',
+        b'{"size":2}',  # not a review: the ASGI app answered it, in its turn
+        b'{"direct":3}',
+        b'{"direct":2}',
+    ]
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        review_request(b"{}", extra=b"Connection: close\r\n"),
+        review_request(b"{}").replace(b"HTTP/1.1", b"HTTP/1.0"),
+    ],
+    ids=["connection-close", "http-1.0"],
+)
+def test_a_review_on_a_closing_connection_is_answered_then_closed(
+    patient: LoopbackServer, direct: DirectHandler, request_bytes: bytes
+) -> None:
+    with patient.connect() as sock:
+        sock.sendall(request_bytes)
+        reply = read_all(sock)  # returns once the server closed
+    assert reply.startswith(b"HTTP/1.1 200") and b"connection: close" in reply
+    assert reply.endswith(b'{"direct":2}')
+
+
+def test_a_body_in_several_segments_is_answered_once_complete(
+    patient: LoopbackServer, direct: DirectHandler
+) -> None:
+    body = b"x" * 100_000  # past uvicorn's 64 KiB high-water mark, where it pauses reading
+    request = review_request(body)
+    with patient.connect() as sock:
+        for start in range(0, len(request), 30_000):
+            sock.sendall(request[start : start + 30_000])
+            time.sleep(0.02)
+        assert read_response(sock).endswith(b'{"direct":100000}')
+    assert direct.calls == [("/mutate", 100_000)]
+
+
+def test_what_is_not_a_small_declared_review_takes_the_asgi_path(
+    patient: LoopbackServer, direct: DirectHandler
+) -> None:
+    from function.contract import LARGE_BODY_BYTES
+
+    large = b"x" * (LARGE_BODY_BYTES + 1)
+    chunked = b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    expect = review_request(b"{}", extra=b"Expect: 100-continue\r\nConnection: close\r\n")
+    with patient.connect() as sock:
+        for request, size in ((review_request(large), len(large)), (chunked, 2), (REQUEST, 2)):
+            sock.sendall(request)
+            reply = read_response(sock)
+            assert reply.endswith(b'{"size":%d}' % size), reply[-80:]
+        sock.sendall(b"GET /mutate HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock).endswith(b'{"size":0}')
+        sock.sendall(expect)  # ASGI's receive() sends the interim 100 Continue
+        reply = read_all(sock)
+        assert reply.startswith(b"HTTP/1.1 100") and reply.endswith(b'{"size":2}'), reply
+    assert direct.calls == []
+
+
+def test_a_failing_direct_handler_gets_a_json_500_and_the_connection_lives(
+    patient: LoopbackServer, direct: DirectHandler
+) -> None:
+    direct.fail = True
+    with patient.connect() as sock:
+        sock.sendall(review_request(b"{}"))
+        reply = read_response(sock)
+        assert reply.startswith(b"HTTP/1.1 500") and b'"status":500' in reply
+        direct.fail = False
+        sock.sendall(review_request(b"{}"))
+        assert read_response(sock).endswith(b'{"direct":2}')
+
+
+def test_a_review_body_sent_too_slowly_gets_408_and_no_answer(
+    served: LoopbackServer, direct: DirectHandler
+) -> None:
+    with served.connect() as sock:
+        sock.sendall(review_request(b"{}" * 10)[:-5])
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408")
+    assert direct.calls == []
+
+
+def test_a_direct_review_writes_uvicorns_own_access_line(
+    patient: LoopbackServer, direct: DirectHandler
+) -> None:
+    from uvicorn.logging import AccessFormatter
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))  # AccessFormatter unpacks the arguments: any mismatch raises
+
+    handler = Collect()
+    access_format = "%(client_addr)s - %(request_line)s %(status_code)s"
+    handler.setFormatter(AccessFormatter(access_format, use_colors=False))
+    access = logging.getLogger("uvicorn.access")
+    level = access.level
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        with patient.connect() as sock:
+            sock.sendall(review_request(b"{}", b"/mutate?timeout=10s"))
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert len(lines) == 1 and lines[0].endswith(" - POST /mutate?timeout=10s HTTP/1.1 200 OK"), lines
