@@ -84,3 +84,13 @@ EVENT_TYPES: Final = {outcome: f"{EVENT_TYPE_PREFIX}.{outcome}.v1" for outcome i
 EVENT_EXTENSIONS: Final = ("outcome", "podnamespace", "mutators")
 """Extension attributes every decision event carries, for broker Trigger filters."""
 DEFAULT_EVENT_SOURCE: Final = "/castslice/webhook"
+
+# --- The castslice command --------------------------------------------------------------------
+EXIT_DENIED: Final = 1
+"""``castslice mutate``: the webhook would deny at least one object."""
+EXIT_BAD_INPUT: Final = 2
+"""An input the command cannot read or judge (a file, a document, a configuration, a state file)."""
+EXIT_INTERNAL: Final = 3
+"""A bug: an exception escaped a program, or the engine answered with an internal error."""
+EXIT_BROKEN_PIPE: Final = 141
+"""128 + SIGPIPE: what a shell reports for a tool whose reader went away (``| head``)."""

@@ -14,9 +14,10 @@ from cloudevents.http import CloudEvent
 
 from function.admission.review import Admission
 from function.admission.wire import parse_review
+from function.audit.command import parse_when
 from function.audit.consumer import AuditStore, InvalidEvent, Query, event_problems
 from function.audit.events import build_event
-from function.cli import main, parse_when
+from function.cli import main
 from function.core.config import Config
 from function.core.engine import Engine
 from tests.support import FUNC_SOURCE, load_review

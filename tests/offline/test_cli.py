@@ -17,7 +17,9 @@ from cloudevents.conversion import to_dict
 
 from function import cli
 from function.audit.consumer import AuditStore, InvalidEvent
+from function.contract import EXIT_BROKEN_PIPE
 from function.core.engine import ENGINE_VERSION, Decision
+from function.offline import mutate
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 POD = """apiVersion: v1
@@ -127,7 +129,7 @@ def test_a_crash_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) -> None
     def boom(*args: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "mutate_chunk", boom)
+    monkeypatch.setattr(mutate, "mutate_chunk", boom)
     code, _, err = run(monkeypatch, "mutate", "-f", "-", stdin=POD.format(name="p"))
     assert code == 3
     assert err == (
@@ -176,7 +178,7 @@ def test_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
         try:
             process.stdout.read(16)
             process.stdout.close()
-            assert process.wait(60) == cli.EXIT_BROKEN_PIPE
+            assert process.wait(60) == EXIT_BROKEN_PIPE
         finally:
             if process.poll() is None:
                 process.kill()

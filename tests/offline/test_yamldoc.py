@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from function import cli
+from function.offline import mutate
 from function.offline.yamldoc import (
     DateText,
     DocumentError,
@@ -233,7 +234,7 @@ def test_blank_lines_around_a_changed_document_are_kept(monkeypatch: pytest.Monk
 
 
 def test_files_are_joined_into_one_stream() -> None:
-    assert "".join(cli._stream([["a: 1\n"], ["b: 2"], ["---\nc: 3\n", "---\nd: 4\n"]])) == (
+    assert "".join(mutate._stream([["a: 1\n"], ["b: 2"], ["---\nc: 3\n", "---\nd: 4\n"]])) == (
         "a: 1\n---\nb: 2\n---\nc: 3\n---\nd: 4\n"
     )
-    assert "".join(cli._stream([[""], ["b: 2\n"]])) == "b: 2\n"
+    assert "".join(mutate._stream([[""], ["b: 2\n"]])) == "b: 2\n"

@@ -1,0 +1,64 @@
+"""``castslice serve``: the webhook (or the reference audit consumer) behind functions-framework's
+server, with the TLS options its own CLI lacks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from function.contract import LARGE_REVIEWS_ENV
+from function.core.config import ConfigError, load_config
+from function.serve.watch import watches_for
+
+TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
+"""What ``--target`` may name: functions-framework targets in function/func.py."""
+
+
+def run(args: argparse.Namespace) -> int:
+    # The same app and server functions-framework's own CLI builds (`functions-framework --asgi`),
+    # plus the TLS options its CLI lacks: a webhook must be served over HTTPS. Imported here, not
+    # at the top, so that the offline programs do not load the web stack.
+    from functions_framework._http import create_server
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("castslice serve: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.config:
+        os.environ["CASTSLICE_CONFIG"] = args.config
+    try:
+        config = load_config()  # fail fast, before gunicorn forks, with the bad key named
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    from function.serve.asgi import serving_app
+
+    app = serving_app(args.target)
+    # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
+    # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
+    options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
+    # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
+    # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
+    # empty view would silently skip the PodMutations or spot counts that apply to it.
+    if not watches_for(config):
+        os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
+    if args.tls_cert:
+        from function.serve.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
+
+        options.update(certfile=args.tls_cert, keyfile=args.tls_key)
+        # cert-manager renews the files in place: reload workers when they change (see function/serve/tls.py).
+        try:
+            interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
+        except ValueError:
+            print("castslice serve: CASTSLICE_TLS_RELOAD_SECONDS must be seconds", file=sys.stderr)
+            return 2
+        CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
+    scheme = "https" if args.tls_cert else "http"
+    print(
+        f"castslice serve: {TARGETS[args.target]} listening on {scheme}://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    create_server(app, False, **options).run(args.host, args.port)  # type: ignore[no-untyped-call]
+    return 0
