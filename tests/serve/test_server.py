@@ -267,11 +267,11 @@ def test_served_sigterm_under_load_resets_no_connection(tmp_path: Any) -> None:
     assert not resets, resets
 
 
-def test_the_readme_documents_the_values_in_force() -> None:
+def test_the_http_doc_documents_the_values_in_force() -> None:
     from function import contract
     from tests.support import ROOT
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "http.md").read_text()
     rows = {
         line.split("|")[1].strip(" `"): line.split("|")[2].strip()
         for line in readme.splitlines()
