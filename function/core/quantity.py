@@ -50,3 +50,15 @@ def parse_quantity(raw: object) -> Fraction | int:
             raise QuantityError(f"{text!r} has an exponent out of range")
         return value * Fraction(10) ** exponent
     return value
+
+
+def times(quantity: str, count: int) -> str:
+    """``count`` x a quantity, written with the quantity's own suffix ("2Gi" x 3 = "6Gi",
+    "500m" x 3 = "1500m", "0.5" x 3 = "1.5"): what a slice count asks of each device capacity."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise QuantityError(f"{quantity!r} is not a quantity")
+    number = Decimal(match["number"]) * count
+    whole = number == number.to_integral_value()
+    written = str(int(number)) if whole else format(number.normalize(), "f")
+    return written + (match["suffix"] or "")

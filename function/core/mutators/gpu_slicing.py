@@ -8,6 +8,11 @@ Semantics from the CastSlice design (seed 000):
   and the target (``nvidia.com/gpu-shared``) set to the slice count, in limits *and* requests:
   the apiserver rejects an extended resource with a request but no equal limit.
 
+With ``backend: dra`` (function/core/dra.py) the GPU request is removed instead, and the Pod gets one
+Pod-level claim from the ResourceClaimTemplate of its slice count, which every container that asked
+for a GPU references: its GPU containers share one device and the slices of it. The slice count is
+then at most what one device holds; a larger one is bad input.
+
 With the vGPU mutator on, an opted-in Pod that also asks for a HAMi resource of the device that
 owns the source (``nvidia.com/gpumem``, ``gpucores``, ...) is bad input: slicing would take away
 the count those resources qualify, and the vGPU mutator would add it back (see docs/vgpu.md).
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -29,13 +34,16 @@ from function.core.configtypes import (
     ResourceName,
     check_resource_name,
 )
+from function.core.dra import TEMPLATES, TEMPLATES_INDEX, DraConfig, Template, template_key, templates
 from function.core.mutators.base import InvalidAnnotation, MutatorResult, RequestContext
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.core.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.core.pod import (
+    CONTAINER_LISTS,
     Pod,
     annotations_of,
     container_label,
+    ensure_map,
     fit_warning,
     iter_containers,
     resource_sections,
@@ -43,6 +51,7 @@ from function.core.pod import (
     shown,
 )
 from function.core.quantity import QuantityError, parse_quantity
+from function.core.view import WatchSpec
 
 OPTIMIZE = "castops.io/optimize"
 NOT_SLICED = "Pod not sliced"
@@ -67,6 +76,11 @@ class GpuSlicingConfig(MutatorConfig):
     """Slices for an opted-in Pod with neither slice-ratio nor workload-type (the seed's v0.1.0 default)."""
     maxSliceRatio: PositiveInt = 1000
     """Upper bound for castops.io/slice-ratio: larger values are bad input, not a quantity overflow."""
+    backend: Literal["extendedResource", "dra"] = "extendedResource"
+    """extendedResource: containers get ``targetResource`` slices (a device plugin shares the GPU);
+    dra: the Pod gets a ResourceClaim for the slices of one device (Kubernetes 1.34+, see docs/dra.md)."""
+    dra: DraConfig = Field(default_factory=DraConfig)
+    """How a slice count becomes a claim (``backend: dra`` only)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -108,6 +122,30 @@ class GpuSlicingConfig(MutatorConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _within_one_device(self) -> GpuSlicingConfig:
+        """With the dra backend a Pod's slices come from one device: a preset (or the default
+        count) above what a device holds would make a claim no node can ever satisfy."""
+        if self.backend != "dra":
+            return self
+        most = self.dra.max_slices
+        above = [f"presets.{name}: {count}" for name, count in self.presets.items() if count > most]
+        if self.defaultSlices > most:
+            above.append(f"defaultSlices: {self.defaultSlices}")
+        if above:
+            raise ValueError(
+                f"{', '.join(above)} {'is' if len(above) == 1 else 'are'} above what one device holds "
+                f"with backend dra: {self.dra.holds()}"
+            )
+        return self
+
+    @property
+    def slice_limit(self) -> int:
+        """The largest slice count a Pod may ask for."""
+        if self.backend == "dra":
+            return min(self.maxSliceRatio, self.dra.max_slices)
+        return self.maxSliceRatio
+
 
 class GpuSlicing:
     name = "gpu-slicing"
@@ -123,15 +161,25 @@ class GpuSlicing:
         self.vgpu_resources = frozenset(vgpu_resources)
         self._presets_text = ", ".join(f"{key} ({value})" for key, value in sorted(config.presets.items()))
         self._presets_short = ", ".join(sorted(config.presets))
+        dra = config.dra if config.backend == "dra" else None
+        self.dra = dra
+        self._templates: tuple[Template, ...] = templates(dra) if dra is not None else ()
+        self._device_holds = (
+            f" (one {dra.deviceClassName} device holds {dra.holds()})"
+            if dra is not None and dra.max_slices < config.maxSliceRatio
+            else ""
+        )
 
     def slice_count(self, annotations: dict[str, object]) -> tuple[int, str, tuple[str, ...]]:
         """The slice count, where it came from, and warnings; InvalidAnnotation when unusable."""
         if SLICE_RATIO in annotations:
             raw = annotations[SLICE_RATIO]
-            limit = self.config.maxSliceRatio
+            limit = self.config.slice_limit
             slices = parse_slice_ratio(raw, limit)
             if slices is None:
-                raise InvalidAnnotation(SLICE_RATIO, raw, accepted(limit), accepted_short(limit), NOT_SLICED)
+                raise InvalidAnnotation(
+                    SLICE_RATIO, raw, accepted(limit) + self._device_holds, accepted_short(limit), NOT_SLICED
+                )
             warnings: tuple[str, ...] = ()
             try:
                 self._check_workload_type(annotations)
@@ -198,27 +246,122 @@ class GpuSlicing:
                 ),
             )
 
-        source, target = self.config.sourceResource, self.config.targetResource
-        sliced, zero = [], []
-        for kind, index, container in iter_containers(pod):
+        if self.dra is not None:
+            return self._claim(pod, slices, origin, warnings, ctx)
+        return self._extended(pod, slices, origin, warnings)
+
+    def _asking(
+        self, pod: Pod, kinds: tuple[str, ...] = CONTAINER_LISTS
+    ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """(label, container) of every container asking for the source resource, and the labels of
+        those asking for 0 of it (nvidia.com/gpu: 0, common in templated charts: no GPU, no slice)."""
+        source = self.config.sourceResource
+        asking, zero = [], []
+        for kind, index, container in iter_containers(pod, kinds):
             asked = [section[source] for _, section in resource_sections(container) if source in section]
             if not asked:
                 continue
             if all(_is_zero(quantity) for quantity in asked):
-                # nvidia.com/gpu: 0 (common in templated charts) asks for no GPU: it gets no slice.
                 zero.append(container_label(kind, index, container))
-                continue
+            else:
+                asking.append((container_label(kind, index, container), container))
+        return asking, zero
+
+    def _extended(self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...]) -> MutatorResult:
+        source, target = self.config.sourceResource, self.config.targetResource
+        asking, zero = self._asking(pod)
+        for _, container in asking:
             for _, section in resource_sections(container):
                 section.pop(source, None)
             set_resource(container, target, str(slices))
-            sliced.append(container_label(kind, index, container))
-
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
-        if not sliced:
+        if not asking:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
+        sliced = ", ".join(label for label, _ in asking)
         return MutatorResult.mutated(
-            f"{source} -> {target}: {slices} ({origin}) in {', '.join(sliced)}{left}", *warnings
+            f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}", *warnings
         )
+
+    def _claim(
+        self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...], ctx: RequestContext
+    ) -> MutatorResult:
+        """The dra backend: the GPU request goes, one Pod-level claim from the template of
+        ``slices`` comes, and every container that asked for a GPU references it. Ephemeral
+        containers are left out: the apiserver gives them no resources at all."""
+        dra = self.dra
+        assert dra is not None
+        source = self.config.sourceResource
+        asking, zero = self._asking(pod, CLAIMING_LISTS)
+        left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
+        if not asking:
+            return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
+        spec = pod["spec"]  # a dict: containers were found in it
+        problem = _claims_problem(spec, asking, dra.claimName)
+        if problem:
+            if self.on_invalid is OnInvalidAnnotation.deny:
+                return MutatorResult.denied(
+                    f"castslice: {problem}; set gpuSlicing.dra.claimName to another name"
+                )
+            return MutatorResult.unchanged(
+                f"opted in, but {problem}: not sliced",
+                fit_warning(f"castslice: Pod not sliced, {problem}", ""),
+            )
+        chosen = self._templates[slices - 1]
+        missing, note = self._template_state(chosen, ctx)
+        if missing and dra.missingTemplate == "deny":
+            return MutatorResult.denied(f"castslice: {missing}")
+        if missing:
+            warnings = (
+                *warnings,
+                fit_warning(
+                    f"castslice: ResourceClaimTemplate {chosen.name} missing",
+                    "; the Pod stays Pending until it exists",
+                ),
+            )
+        for _, container in asking:
+            for _, section in resource_sections(container):
+                section.pop(source, None)
+            resources = ensure_map(container, "resources")
+            references = resources.get("claims")
+            if not isinstance(references, list):
+                references = resources["claims"] = []
+            if not any(isinstance(ref, dict) and ref.get("name") == dra.claimName for ref in references):
+                references.append({"name": dra.claimName})
+        claims = spec.get("resourceClaims")
+        if not isinstance(claims, list):
+            claims = spec["resourceClaims"] = []
+        claims.append({"name": dra.claimName, "resourceClaimTemplateName": chosen.name})
+        amounts = ", ".join(f"{name} {amount}" for name, amount in _requests(chosen).items())
+        sliced = ", ".join(label for label, _ in asking)
+        return MutatorResult.mutated(
+            f"{source} -> claim {dra.claimName} from ResourceClaimTemplate {chosen.name} "
+            f"({slices} slices: {amounts}; {origin}) in {sliced}{left}{note}",
+            *warnings,
+        )
+
+    def _template_state(self, chosen: Template, ctx: RequestContext) -> tuple[str, str]:
+        """(why the Pod's template is known to be missing, or ""; a note for the reason, saying
+        when its presence could not be checked: offline without cluster state, or a view not
+        listed yet)."""
+        view = ctx.cluster
+        if not view.available:
+            return "", "; template presence not checked (no cluster view)"
+        if not view.synced(TEMPLATES_INDEX):
+            return "", "; template presence not checked (cluster view not synced)"
+        if template_key(ctx.namespace, chosen.name) in view.index(TEMPLATES_INDEX):
+            return "", ""
+        dra = self.dra
+        assert dra is not None
+        remedy = (
+            "the castslice controller creates it in every GPU namespace (gpuSlicing.dra.namespaceSelector)"
+            if dra.templates == "managed"
+            else f"apply it: castslice dra templates -n {ctx.namespace} | kubectl apply -f -"
+        )
+        missing = (
+            f"ResourceClaimTemplate {chosen.name} ({chosen.slices} slices) is missing in namespace "
+            f"{ctx.namespace}; {remedy}"
+        )
+        return missing, "; template missing"
 
     def _vgpu_conflict(self, pod: Pod) -> tuple[str, str] | None:
         """The first container asking for a vGPU resource, and that resource, if any."""
@@ -230,6 +373,32 @@ class GpuSlicing:
                     if resource in self.vgpu_resources:
                         return container_label(kind, index, container), resource
         return None
+
+
+CLAIMING_LISTS = ("initContainers", "containers")
+"""The containers that may reference a claim (the apiserver gives ephemeral ones no resources)."""
+
+
+def _claims_problem(spec: dict[str, Any], asking: list[tuple[str, dict[str, Any]]], name: str) -> str:
+    """Why the claim cannot be added as is: the Pod's own claims are kept, so its name must be free."""
+    claims = spec.get("resourceClaims")
+    if claims is not None and not isinstance(claims, list):
+        return "spec.resourceClaims is not a list"
+    if any(isinstance(claim, dict) and claim.get("name") == name for claim in claims or ()):
+        return f"spec.resourceClaims already has a claim named {name}"
+    for label, container in asking:
+        resources = container.get("resources")
+        references = resources.get("claims") if isinstance(resources, dict) else None
+        if references is not None and not isinstance(references, list):
+            return f"{label} has resources.claims that is not a list"
+    return ""
+
+
+def _requests(chosen: Template) -> dict[str, str]:
+    requests: dict[str, str] = chosen.spec["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        "requests"
+    ]
+    return requests
 
 
 def _is_zero(quantity: object) -> bool:
@@ -244,6 +413,8 @@ def _build(config: GpuSlicingConfig, settings: Settings, neighbours: Neighbours)
 
 
 def _claims(config: GpuSlicingConfig) -> Claims:
+    if config.backend == "dra":
+        return Claims()  # the source resource is removed, not renamed: no resource of its own
     return Claims(
         renames=(
             Rename(
@@ -256,6 +427,11 @@ def _claims(config: GpuSlicingConfig) -> Claims:
     )
 
 
+def _watches(config: GpuSlicingConfig) -> tuple[WatchSpec, ...]:
+    """With the dra backend: the templates' metadata, to tell a Pod its template is missing."""
+    return (TEMPLATES,) if config.backend == "dra" else ()
+
+
 PLUGIN = MutatorPlugin(
     name=GpuSlicing.name,
     # An explicit per-Pod opt-in (castops.io/optimize) wins over cluster-wide policies: first.
@@ -264,4 +440,5 @@ PLUGIN = MutatorPlugin(
     config_model=GpuSlicingConfig,
     build=_build,
     claims=_claims,
+    watches=_watches,
 )

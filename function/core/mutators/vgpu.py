@@ -449,7 +449,9 @@ class Vgpu:
             if device.priorityResource in values:
                 # The first device of the table wins when two map to the same env var.
                 plan.env.setdefault(self.config.priorityEnv, str(values[device.priorityResource]))
-        if self.config.overwriteEnv:
+        # A container referencing a DRA claim gets its devices through it (GPU slicing's dra
+        # backend): hiding the visible devices would hide that GPU.
+        if self.config.overwriteEnv and not _references_claims(plan.container):
             for env_name, owned in self._visible_env.items():
                 if not owned & asked:
                     plan.env.setdefault(env_name, "none")
@@ -573,3 +575,8 @@ PLUGIN = MutatorPlugin(
     build=_build,
     claims=_claims,
 )
+
+
+def _references_claims(container: dict[str, Any]) -> bool:
+    resources = container.get("resources")
+    return isinstance(resources, dict) and bool(resources.get("claims"))
