@@ -26,10 +26,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
+from cloudevents.http import CloudEvent
+
+from function.admission.review import Admission
+from function.admission.wire import parse_review
+from function.audit.events import build_event
+from function.core.config import Config
+from function.core.engine import Engine
+from tests.support import load_review
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -298,6 +307,31 @@ def served_consumer(tmp: Path) -> Iterator[Served]:
         yield served
     finally:
         served.kill()
+
+
+# -- decision events of recorded reviews, at known times -----------------------------------------
+START = datetime(2025, 6, 1, 10, 0, 0, tzinfo=UTC)
+DIGEST = "sha256:" + "ab" * 8
+
+
+def event_for(name: str, number: int, minutes: int = 0, namespace: str | None = None) -> CloudEvent:
+    """The decision event of the recorded review ``name`` (optionally moved to ``namespace``), with
+    id ev-<number>, decided ``minutes`` after START."""
+    document = load_review(name)
+    if namespace is not None:
+        document["request"]["namespace"] = namespace
+        document["request"]["object"]["metadata"]["namespace"] = namespace
+    review = parse_review(json.dumps(document).encode())
+    _, decision = Admission(Engine(Config())).review(review)
+    assert decision is not None
+    return build_event(
+        review,
+        decision,
+        event_id=f"ev-{number}",
+        decided_at=START + timedelta(minutes=minutes),
+        source="/castslice/webhook",
+        config_digest=DIGEST,
+    )
 
 
 def parse_lines(text: str) -> list[dict[str, Any]]:

@@ -12,36 +12,11 @@ import pytest
 from cloudevents.conversion import to_binary, to_dict, to_structured
 from cloudevents.http import CloudEvent
 
-from function.admission.review import Admission
-from function.admission.wire import parse_review
 from function.audit.command import parse_when
 from function.audit.consumer import AuditStore, InvalidEvent, Query, event_problems
-from function.audit.events import build_event
 from function.cli import main
-from function.core.config import Config
-from function.core.engine import Engine
-from tests.support import FUNC_SOURCE, load_review
-
-START = datetime(2025, 6, 1, 10, 0, 0, tzinfo=UTC)
-DIGEST = "sha256:" + "ab" * 8
-
-
-def event_for(name: str, number: int, minutes: int = 0, namespace: str | None = None) -> CloudEvent:
-    document = load_review(name)
-    if namespace is not None:
-        document["request"]["namespace"] = namespace
-        document["request"]["object"]["metadata"]["namespace"] = namespace
-    review = parse_review(json.dumps(document).encode())
-    _, decision = Admission(Engine(Config())).review(review)
-    assert decision is not None
-    return build_event(
-        review,
-        decision,
-        event_id=f"ev-{number}",
-        decided_at=START + timedelta(minutes=minutes),
-        source="/castslice/webhook",
-        config_digest=DIGEST,
-    )
+from tests.audit_support import START, event_for
+from tests.support import FUNC_SOURCE
 
 
 @pytest.fixture

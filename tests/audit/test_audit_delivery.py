@@ -35,6 +35,7 @@ from function.core.config import Config
 from function.core.engine import Engine
 from tests.audit_support import HangingSink, RecordingSink, parse_lines, refused_url, wait_for
 from tests.support import load_review
+from tests.tls_support import write_pair
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff=0.005, max_backoff=0.02)
 REVIEW = parse_review(json.dumps(load_review("default-slice-inference")).encode())
@@ -433,8 +434,6 @@ def test_dapr_sink_publishes_the_structured_event(stdout: Stdout, closers: list[
 def test_https_sink_verified_with_k_ca_certs(
     tmp_path: Path, stdout: Stdout, closers: list[EventSender]
 ) -> None:
-    from tests.serve.test_tls import write_pair
-
     certificate, key = write_pair(tmp_path, "localhost")
     server = RecordingSink([202], tls=(certificate, key))
     try:

@@ -20,6 +20,7 @@ from function.audit.consumer import AuditStore, InvalidEvent
 from function.contract import EXIT_BROKEN_PIPE
 from function.core.engine import ENGINE_VERSION, Decision
 from function.offline import mutate
+from tests.audit_support import event_for
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 POD = """apiVersion: v1
@@ -191,8 +192,6 @@ def test_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
 # -- castslice audit rejected --------------------------------------------------------------------
 @pytest.fixture
 def audit_db(tmp_path: Path) -> Path:
-    from tests.audit.test_audit_consumer import event_for
-
     path = tmp_path / "audit.sqlite3"
     store = AuditStore(path)
     try:
