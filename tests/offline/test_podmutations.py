@@ -1,4 +1,4 @@
-"""function/offline/podmutations.py, answer by answer: PodMutations read from files and API-form
+"""function/offline/podmutations.py: PodMutations read from files and API-form
 documents, the view that puts them in place of the cluster's, what ``explain`` reports, and the Pod
 each workload kind makes."""
 
