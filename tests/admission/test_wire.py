@@ -1,6 +1,5 @@
-"""function/admission/wire.py, answer by answer: the 400 messages a malformed AdmissionReview gets, word
-for word,
-and how client input is quoted in them (cut, never echoed whole)."""
+"""function/admission/wire.py: the 400 messages a malformed AdmissionReview gets, word for word, and
+how client input is quoted in them (cut, never echoed whole)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """From a parsed review to the reply, in full: what the mutators are told about the request, how
 a denial names the Pod, that warnings reach the reply whatever the outcome, and what happens when
-building the reply itself fails. Written from a mutmut run over function/admission/review.py."""
+building the reply itself fails (function/admission/review.py)."""
 
 from __future__ import annotations
 
