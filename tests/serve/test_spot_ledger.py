@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from typing import Any
 
+import pytest
+
+from function.admission.wire import AdmissionReview
+from function.core.config import parse_config
+from function.core.engine import Decision
 from function.core.mutators.spot import LEDGER_INDEX, PODS_INDEX, LedgerEntry
 from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL
 from function.core.view import EMPTY_VIEW, StaticView
-from function.serve.spot_ledger import DecisionLedger, ViewWithLedger
+from function.serve.spot_ledger import (
+    DecisionLedger,
+    DecisionTurns,
+    LedgerRecorder,
+    ViewWithLedger,
+    ledger_for,
+    with_ledger,
+)
 from tests.spot_support import make_pod, owner, siblings
+from tests.support import pod_review
 
 
 class Clock:
@@ -89,3 +104,234 @@ def test_view_with_ledger_adds_the_index_and_delegates_the_rest() -> None:
     assert len(view.index(PODS_INDEX)) == 1 and len(view.group(PODS_INDEX, "rs")) == 1
     assert view.synced(LEDGER_INDEX) and view.synced(PODS_INDEX) and not view.synced("namespaces")
     assert not ViewWithLedger(EMPTY_VIEW, {}).available
+
+
+# -- bounds and TTL edge, what an admitted Pod must carry, what the recorder hands on, the turns ---
+def placed_pod(owner: str = "rs-1", decision: Any = "d-1", placement: str | None = "spot") -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "web", "uid": owner, "controller": True}],
+        "annotations": {DECISION_ANNOTATION: decision},
+    }
+    if placement is not None:
+        metadata["labels"] = {PLACEMENT_LABEL: placement}
+    return {"metadata": metadata, "spec": {"containers": []}}
+
+
+# --- the ledger -------------------------------------------------------------------------------------
+
+
+def test_an_entry_lives_exactly_the_default_60_seconds() -> None:
+    clock = Clock()
+    ledger = DecisionLedger(clock=clock)
+    ledger.record("rs-1", "d-1", "spot")
+    clock.now += 60.0
+    assert ledger.snapshot() == {"rs-1": (LedgerEntry("d-1", "spot"),)}
+    clock.now += 0.001
+    assert ledger.snapshot() == {}
+
+
+def test_the_default_bounds_keep_1024_per_owner_and_4096_owners() -> None:
+    ledger = DecisionLedger(clock=Clock())
+    for n in range(1025):
+        ledger.record("rs-1", f"d-{n}", "spot")
+    kept = ledger.snapshot()["rs-1"]
+    assert len(kept) == 1024 and kept[0] == LedgerEntry("d-1", "spot")
+    for n in range(4096):
+        ledger.record(f"other-{n}", "d", "on-demand")
+    owners = ledger.snapshot()
+    assert len(owners) == 4096 and "rs-1" not in owners and "other-0" in owners
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        placed_pod(decision=5),
+        placed_pod(decision=""),
+        placed_pod(placement=None),
+        placed_pod(placement="somewhere"),
+        {"metadata": "not a map"},
+        {"metadata": {"labels": {PLACEMENT_LABEL: "spot"}, "annotations": {DECISION_ANNOTATION: "d-1"}}},
+        None,
+    ],
+)
+def test_a_pod_without_owner_placement_and_decision_is_not_remembered(pod: Any) -> None:
+    ledger = DecisionLedger(clock=Clock())
+    assert ledger.observe_admitted(pod) is False
+    assert ledger.snapshot() == {}
+
+
+def test_a_placed_pod_is_remembered_under_its_owner() -> None:
+    ledger = DecisionLedger(clock=Clock())
+    assert ledger.observe_admitted(placed_pod(placement="on-demand")) is True
+    assert ledger.snapshot() == {"rs-1": (LedgerEntry("d-1", "on-demand"),)}
+
+
+def test_the_view_with_a_ledger_serves_every_other_index_from_the_view() -> None:
+    view = StaticView({"pods": [], "replicasets": []})
+    ledger = {"rs-1": (LedgerEntry("d-1", "spot"),)}
+    combined = ViewWithLedger(view, ledger)
+    assert combined.index(LEDGER_INDEX) == ledger
+    assert combined.index("pods") is view.index("pods")
+    assert combined.synced(LEDGER_INDEX) and combined.available
+
+
+def test_only_an_enforcing_spot_mutator_gets_a_ledger() -> None:
+    assert ledger_for(parse_config({})) is None
+    assert ledger_for(parse_config({"spot": {"enabled": True, "mode": "shadow"}})) is None
+    ledger = ledger_for(parse_config({"spot": {"enabled": True, "cacheTTLSeconds": 7}}))
+    assert ledger is not None and ledger.ttl_seconds == 7
+
+
+# --- the recorder -------------------------------------------------------------------------------------
+
+
+class Inner:
+    def __init__(self) -> None:
+        self.got: list[tuple[AdmissionReview, Decision | None]] = []
+
+    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+        self.got.append((review, decision))
+
+
+def decision(outcome: Any = "mutated") -> Decision:
+    return Decision(outcome, True, "r", mutated_pod=placed_pod())
+
+
+@pytest.mark.parametrize(
+    ("made", "dry_run", "remembered"),
+    [
+        (decision(), None, True),
+        (decision(), False, True),
+        (decision(), True, False),
+        (decision("unchanged"), None, False),
+        (None, None, False),
+    ],
+)
+def test_the_recorder_remembers_only_sent_patches_and_always_hands_on(
+    made: Decision | None, dry_run: bool | None, remembered: bool
+) -> None:
+    ledger, inner, turns = DecisionLedger(clock=Clock()), Inner(), DecisionTurns(wait_seconds=0.05)
+    review = pod_review(dry_run=dry_run)
+    turns.begin()
+    LedgerRecorder(inner, ledger, turns).record(review, made)
+    assert (ledger.snapshot() != {}) is remembered
+    assert inner.got == [(review, made)]
+    assert_turn_is_free(turns)
+
+
+def test_the_recorder_ends_the_turn_even_when_remembering_fails() -> None:
+    class Broken(DecisionLedger):
+        def observe_admitted(self, pod: Any) -> bool:
+            raise RuntimeError("boom")
+
+    turns = DecisionTurns(wait_seconds=0.05)
+    turns.begin()
+    with pytest.raises(RuntimeError):
+        LedgerRecorder(Inner(), Broken(), turns).record(pod_review(), decision())
+    assert_turn_is_free(turns)
+
+
+# --- the turns ------------------------------------------------------------------------------------------
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def assert_turn_is_free(turns: DecisionTurns) -> None:
+    """Another thread takes the turn without waiting it out (which would log a warning)."""
+    warnings = Warnings()
+    logger = logging.getLogger("castslice.spot")
+    logger.addHandler(warnings)
+    try:
+
+        def other() -> None:
+            turns.begin()
+            turns.end()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(5)
+    finally:
+        logger.removeHandler(warnings)
+    assert warnings.messages == []
+
+
+def test_a_turn_is_waited_for_half_a_second_by_default_then_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    turns = DecisionTurns()
+    assert turns.wait_seconds == 0.5
+    quick = DecisionTurns(wait_seconds=0.01)
+    quick.begin()
+    caplog.set_level(logging.WARNING, logger="castslice.spot")
+    thread = threading.Thread(target=quick.begin)
+    thread.start()
+    thread.join(5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "spot decision without a turn: another review held it over 0.0 s"
+    ]
+    quick.end()
+    assert_turn_is_free(quick)
+
+
+def test_the_same_thread_keeps_its_turn_and_a_second_end_is_harmless(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    turns = DecisionTurns(wait_seconds=0.01)
+    caplog.set_level(logging.WARNING, logger="castslice.spot")
+    turns.begin()
+    turns.begin()
+    assert caplog.records == []
+    turns.end()
+    assert_turn_is_free(turns)
+    turns.end()
+    assert_turn_is_free(turns)
+
+
+def test_a_view_without_cluster_state_stays_unavailable() -> None:
+    assert ViewWithLedger(EMPTY_VIEW, {}).available is False
+
+
+def test_an_end_from_a_thread_without_the_turn_releases_nothing() -> None:
+    turns = DecisionTurns(wait_seconds=0.01)
+    turns.begin()
+    errors: list[BaseException] = []
+
+    def stranger() -> None:
+        try:
+            turns.end()
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            errors.append(error)
+
+    thread = threading.Thread(target=stranger)
+    thread.start()
+    thread.join(5)
+    assert errors == []
+    with pytest.raises(AssertionError):
+        assert_turn_is_free(turns)  # still held by this thread
+    turns.end()
+    assert_turn_is_free(turns)
+
+
+def test_with_ledger_adds_the_entries_and_takes_the_turn() -> None:
+    view = StaticView({"pods": []})
+    plain = with_ledger(lambda: view, None)
+    assert plain() is view
+    ledger = DecisionLedger(clock=Clock())
+    ledger.record("rs-1", "d-1", "spot")
+    turns = DecisionTurns(wait_seconds=0.01)
+    combined = with_ledger(lambda: view, ledger, turns)()
+    assert isinstance(combined, ViewWithLedger)
+    assert combined.view is view and combined.index(LEDGER_INDEX) == {"rs-1": (LedgerEntry("d-1", "spot"),)}
+    with pytest.raises(AssertionError):
+        assert_turn_is_free(turns)  # the review holds it until its decision is recorded
+    turns.end()
+    assert_turn_is_free(turns)
+    untimed = with_ledger(lambda: view, ledger)()
+    assert isinstance(untimed, ViewWithLedger) and untimed.view is view
