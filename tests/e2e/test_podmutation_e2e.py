@@ -10,10 +10,7 @@ as the apiserver stores them and where the real scheduler puts them.
 
 from __future__ import annotations
 
-import base64
-import copy
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +23,7 @@ import yaml
 from tests.manifests_support import KNATIVE_DIR, kubectl_path, one, render
 
 from .controlplane import SPOT, ControlPlane
-from .test_webhook_e2e import EventLog, WebhookServer, start_event_sink
+from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
 
 pytestmark = pytest.mark.e2e
 
@@ -84,15 +81,6 @@ def _established(api: Any, name: str) -> bool:
     return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
 
 
-def _pointed_at(configuration: dict[str, Any], name: str, server: WebhookServer, ca: bytes) -> dict[str, Any]:
-    configuration = copy.deepcopy(configuration)
-    configuration["metadata"] = {"name": name}  # no cert-manager here: the CA is given directly
-    for hook in configuration["webhooks"]:
-        path = "/" + hook["clientConfig"]["url"].split("/", 3)[3]
-        hook["clientConfig"] = {"url": server.url + path, "caBundle": base64.b64encode(ca).decode()}
-    return configuration
-
-
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     from kubernetes import client
@@ -109,32 +97,22 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
 
     events = EventLog()
     sink_url, sink = start_event_sink(events)
-    previous = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(plane.kubeconfig)  # the served webhook's watches use it
-    try:
-        server = WebhookServer(
-            plane,
-            "podmut",
-            {"gpuSlicing": {"enabled": False}, "podMutations": {"enabled": True, "castaiObjects": True}},
-            sink_url,
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = previous
+    # The served webhook's watches read the cluster as admin (test_view_e2e.py checks the RBAC).
+    server = ServedWebhook(
+        plane,
+        "podmut",
+        {"gpuSlicing": {"enabled": False}, "podMutations": {"enabled": True, "castaiObjects": True}},
+        sink_url,
+        kubeconfig=plane.kubeconfig,
+    )
     ca = plane.ca_cert.read_bytes()
     registration = client.AdmissionregistrationV1Api(api)
-    mutating = _pointed_at(
-        one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration"), "e2e-podmut", server, ca
+    route = {"key": SPLIT_LABEL, "operator": "In", "values": [SPLIT_VALUE]}
+    mutating = pointed_at(
+        one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration"), "e2e-podmut", server.url, ca, route
     )
-    for hook in mutating["webhooks"]:
-        hook["name"] = "e2e-podmut.castslice.castops.io"
-        hook["namespaceSelector"]["matchExpressions"].append(
-            {"key": SPLIT_LABEL, "operator": "In", "values": [SPLIT_VALUE]}
-        )
-    validating = _pointed_at(
-        one(rendered, "ValidatingWebhookConfiguration"), "e2e-podmut-validate", server, ca
+    validating = pointed_at(
+        one(rendered, "ValidatingWebhookConfiguration"), "e2e-podmut-validate", server.url, ca
     )
     registration.create_mutating_webhook_configuration(mutating)
     registration.create_validating_webhook_configuration(validating)
@@ -151,9 +129,9 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
         create(state, pod("probe"))
         time.sleep(1)
         seen = events.events[-1]["body"][:1500] if events.events else b"no event"
-        calls = server.admissions(plane)
+        calls = server.admissions()
         server.stop()
-        log = f"admissions {calls}; dry run metadata {seen}\n" + server.log_path.read_text()[-3000:]
+        log = f"admissions {calls}; dry run metadata {seen}\n" + server.log_tail()
         raise AssertionError(f"the webhook never applied a PodMutation; its log:\n{log}") from None
     try:
         yield state

@@ -17,35 +17,27 @@ printed (``-s``) and kept as test properties (``--junitxml``).
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import copy
 import json
 import os
 import socket
-import ssl
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.manifests_support import KNATIVE_DIR, one, render
 
-from .controlplane import ON_DEMAND, PREEXEC, SPOT, SPOT_KEY, ControlPlane, free_port, kill_group
+from .controlplane import ON_DEMAND, SPOT, SPOT_KEY, ControlPlane
 from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
-from .test_webhook_e2e import EventLog, start_event_sink
+from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
 
 pytestmark = pytest.mark.e2e
 
-CASTSLICE = str(Path(sys.executable).parent / "castslice")
 ROUTE = "castslice-e2e-spot"
 """Namespace label naming the server that handles the namespace (one, two, shadow)."""
 PLACEMENT = "castops.io/placement"
@@ -138,90 +130,6 @@ def service_account_kubeconfig(plane: ControlPlane, directory: Path, created: li
 
 
 # -- the servers ------------------------------------------------------------------------------------
-class SpotServer:
-    """``castslice serve`` with a spot configuration, its watches authenticated by ``kubeconfig``."""
-
-    def __init__(
-        self,
-        plane: ControlPlane,
-        name: str,
-        config: dict[str, Any],
-        kubeconfig: Path,
-        sink: str,
-        workers: int,
-    ) -> None:
-        self.name = name
-        self.port = free_port()
-        cert = plane.issue_cert(
-            f"spot-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
-        )
-        config_path = plane.workdir / f"castslice-spot-{name}.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        self.log_path = plane.workdir / f"castslice-spot-{name}.log"
-        env = {
-            **os.environ,
-            "CASTSLICE_CONFIG": str(config_path),
-            "KUBECONFIG": str(kubeconfig),
-            "K_SINK": sink,
-            "HOME": str(plane.workdir),
-            "WORKERS": str(workers),
-        }
-        command = [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=PREEXEC,
-            )
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.context = ssl.create_default_context(cafile=str(plane.ca_cert))
-        # /readyz answers 200 only once the watches have listed (a worker's own view): with two
-        # workers, ask until several answers in a row are ready.
-        for _ in range(2 * workers + 1):
-            eventually(self._ready, 60, f"castslice serve ({name}) ready")
-
-    def _ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"castslice serve exited: {self.log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(self.url + "/readyz", context=self.context, timeout=1) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
-
-    def view_objects(self, index: str) -> float:
-        """castslice_view_objects{index} from the /metrics of whichever worker answers."""
-        with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
-            text = answer.read().decode()
-        prefix = f'castslice_view_objects{{index="{index}"}} '
-        return max(
-            (float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)), default=-1
-        )
-
-    def admissions_by_worker(self, probes: int = 20) -> list[float]:
-        """Admission requests answered, per worker seen: each probe is a new connection, which the
-        kernel hands to either worker, so with two workers both totals show up."""
-        totals = set()
-        for _ in range(probes):
-            with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
-                text = answer.read().decode()
-            totals.add(
-                sum(
-                    float(line.rsplit(" ", 1)[1])
-                    for line in text.splitlines()
-                    if line.startswith("castslice_admission_requests_total{")
-                )
-            )
-        return sorted(totals)
-
-    def stop(self) -> None:
-        kill_group(self.process, timeout=15)
-
-
 class RoundRobinProxy:
     """One address in front of several servers, as a Service is in front of its Pods: each new TCP
     connection goes to the next backend (TLS passes through; every backend's certificate names
@@ -266,7 +174,7 @@ class RoundRobinProxy:
 class TwoBehindOne:
     """Two single-worker servers (each its own view and ledger) behind one address."""
 
-    def __init__(self, name: str, servers: list[SpotServer]) -> None:
+    def __init__(self, name: str, servers: list[ServedWebhook]) -> None:
         self.name = name
         self.servers = servers
         self.proxy = RoundRobinProxy([server.port for server in servers])
@@ -281,19 +189,11 @@ class TwoBehindOne:
             server.stop()
 
 
-def webhook_configuration(server: SpotServer | TwoBehindOne, ca: bytes) -> dict[str, Any]:
+def webhook_configuration(server: ServedWebhook | TwoBehindOne, ca: bytes) -> dict[str, Any]:
     """The project's own webhook manifest, pointed at ``server``, for namespaces routed to it."""
     rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
-    configuration = copy.deepcopy(rendered)
-    configuration["metadata"] = {"name": f"e2e-spot-{server.name}"}
-    for hook in configuration["webhooks"]:
-        path = hook["clientConfig"].get("path") or "/" + hook["clientConfig"]["url"].split("/", 3)[3]
-        hook["clientConfig"] = {"url": server.url + path, "caBundle": base64.b64encode(ca).decode()}
-        hook["name"] = f"e2e-spot-{server.name}.castslice.castops.io"
-        hook["namespaceSelector"]["matchExpressions"].append(
-            {"key": ROUTE, "operator": "In", "values": [server.name]}
-        )
-    return configuration
+    route = {"key": ROUTE, "operator": "In", "values": [server.name]}
+    return pointed_at(rendered, f"e2e-spot-{server.name}", server.url, ca, route)
 
 
 @pytest.fixture(scope="module")
@@ -304,26 +204,20 @@ def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("spot-rbac"), created)
     events = EventLog()
     sink_url, sink = start_event_sink(events)
+
+    def served(name: str, config: dict[str, Any] = SPOT_CONFIG, workers: int = 1) -> ServedWebhook:
+        return ServedWebhook(control_plane, name, config, sink_url, kubeconfig=kubeconfig, workers=workers)
+
     servers = {
-        "one": SpotServer(control_plane, "one", SPOT_CONFIG, kubeconfig, sink_url, workers=1),
-        "two": TwoBehindOne(
-            "two",
-            [
-                SpotServer(control_plane, f"two-{n}", SPOT_CONFIG, kubeconfig, sink_url, workers=1)
-                for n in ("a", "b")
-            ],
-        ),
-        "workers": SpotServer(control_plane, "workers", SPOT_CONFIG, kubeconfig, sink_url, workers=2),
-        "shadow": SpotServer(
-            control_plane,
+        "one": served("one"),
+        "two": TwoBehindOne("two", [served("two-a"), served("two-b")]),
+        "workers": served("workers", workers=2),
+        "shadow": served(
             "shadow",
             {
                 **SPOT_CONFIG,
                 "spot": {**SPOT_CONFIG["spot"], "mode": "shadow", "spotPercentageOfReplicaSet": 0},
             },
-            kubeconfig,
-            sink_url,
-            workers=1,
         ),
     }
     api = control_plane.api_client()
@@ -464,7 +358,7 @@ def test_partial_spot_scaled_one_replica_at_a_time_ends_at_4_spot_and_6_on_deman
     costs = {p["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] for p in pods}
     assert costs == {"-100", "100"}
     # The serving process's own view (not the ledger) holds the Pods: its watches run in the worker.
-    server: SpotServer = spot["servers"]["one"]
+    server: ServedWebhook = spot["servers"]["one"]
     eventually(lambda: server.view_objects("pods") >= 10, 30, "the worker's view to hold the 10 Pods")
     remove(spot, "spot-one", "steady")
 

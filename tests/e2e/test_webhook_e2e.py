@@ -10,155 +10,33 @@ selectors; only clientConfig is pointed at the local server, with the test CA as
 
 from __future__ import annotations
 
-import base64
-import copy
-import http.server
 import json
-import os
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, one, render
 
-from .controlplane import GPU_NODE, PREEXEC, ControlPlane, free_port, kill_group
+from .controlplane import GPU_NODE, ControlPlane
+from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-CASTSLICE = str(Path(sys.executable).parent / "castslice")
 SLICING_NS = "e2e-slicing"
 VGPU_NS = "e2e-vgpu"
 SPLIT_LABEL = "castslice-e2e"
 """Namespaces labelled castslice-e2e=vgpu go to a second server whose configuration enables vGPU."""
 
 
-# -- a broker stand-in that records the CloudEvents the webhook sends ----------------------------
-class EventLog:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def subjects(self) -> list[str]:
-        with self.lock:
-            return [e["headers"].get("ce-subject", "") for e in self.events]
-
-
-def start_event_sink(log: EventLog) -> tuple[str, http.server.ThreadingHTTPServer]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            with log.lock:
-                log.events.append({"headers": headers, "body": body})
-            self.send_response(202)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}/", server
-
-
-# -- the webhook servers -----------------------------------------------------------------------
-class WebhookServer:
-    def __init__(self, plane: ControlPlane, name: str, config: dict[str, Any], sink: str) -> None:
-        self.port = free_port()
-        cert = plane.issue_cert(
-            f"webhook-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
-        )
-        self.config_path = plane.workdir / f"castslice-{name}.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = plane.workdir / f"castslice-{name}.log"
-        env = {
-            **os.environ,
-            "CASTSLICE_CONFIG": str(self.config_path),
-            "K_SINK": sink,
-            "HOME": str(plane.workdir),
-            "WORKERS": "1",
-        }
-        command = [
-            CASTSLICE,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--tls-cert",
-            str(cert.cert),
-            "--tls-key",
-            str(cert.key),
-        ]
-        with self.log_path.open("wb") as log:
-            # Its own process group (gunicorn and its workers stop together) that dies with pytest.
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=PREEXEC,
-            )
-        self.url = f"https://127.0.0.1:{self.port}"
-        self._wait_ready(plane)
-
-    def _wait_ready(self, plane: ControlPlane) -> None:
-        import ssl
-
-        context = ssl.create_default_context(cafile=str(plane.ca_cert))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"castslice serve exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", context=context, timeout=1) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"castslice serve not ready: {self.log_path.read_text()[-2000:]}")
-
-    def admissions(self, plane: ControlPlane) -> float:
-        """How many admission requests this server has answered (its /metrics)."""
-        import ssl
-
-        context = ssl.create_default_context(cafile=str(plane.ca_cert))
-        with urllib.request.urlopen(self.url + "/metrics", context=context, timeout=5) as answer:
-            text = answer.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("castslice_admission_requests_total{")
-        )
-
-    def stop(self) -> None:
-        kill_group(self.process, timeout=15)
-
-
-def webhook_configuration(name: str, server: WebhookServer, ca: bytes, split: str) -> dict[str, Any]:
+def webhook_configuration(name: str, server: ServedWebhook, ca: bytes, split: str) -> dict[str, Any]:
     """The project's own webhook manifest, pointed at ``server``; ``split`` routes test namespaces."""
     rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
-    configuration = copy.deepcopy(rendered)
-    configuration["metadata"] = {"name": name}  # no cert-manager here: the CA is given directly
-    for hook in configuration["webhooks"]:
-        path = hook["clientConfig"].get("path") or "/" + hook["clientConfig"]["url"].split("/", 3)[3]
-        hook["clientConfig"] = {"url": server.url + path, "caBundle": base64.b64encode(ca).decode()}
-        hook["name"] = f"{name}.castslice.castops.io"
-        hook["namespaceSelector"]["matchExpressions"].append(
-            {"key": SPLIT_LABEL, "operator": "In" if split == "vgpu" else "NotIn", "values": ["vgpu"]}
-        )
-    return configuration
+    route = {"key": SPLIT_LABEL, "operator": "In" if split == "vgpu" else "NotIn", "values": ["vgpu"]}
+    return pointed_at(rendered, name, server.url, ca, route)
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +45,8 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
 
     events = EventLog()
     sink_url, sink = start_event_sink(events)
-    slicing = WebhookServer(control_plane, "slicing", {}, sink_url)
-    vgpu = WebhookServer(control_plane, "vgpu", {"vgpu": {"enabled": True}}, sink_url)
+    slicing = ServedWebhook(control_plane, "slicing", {}, sink_url)
+    vgpu = ServedWebhook(control_plane, "vgpu", {"vgpu": {"enabled": True}}, sink_url)
     ca = control_plane.ca_cert.read_bytes()
     api = control_plane.api_client()
     registration = client.AdmissionregistrationV1Api(api)
@@ -323,18 +201,17 @@ def test_system_namespaces_never_reach_the_webhook(cluster: dict[str, Any]) -> N
     """The apiserver labels every namespace kubernetes.io/metadata.name=<name> (1.21+), so the
     manifest's namespaceSelector keeps kube-system away from the webhook altogether: the apiserver
     does not even call it (the function's excludedNamespaces stays a backstop for old clusters)."""
-    plane: ControlPlane = cluster["plane"]
-    slicing: WebhookServer = cluster["slicing"]
+    slicing: ServedWebhook = cluster["slicing"]
     labels = cluster["core"].read_namespace("kube-system").metadata.labels
     assert labels["kubernetes.io/metadata.name"] == "kube-system"
-    before = slicing.admissions(plane)
+    before = slicing.admissions()
     cluster["core"].create_namespaced_pod("kube-system", pod("in-kube-system", OPTED_IN, GPU))
     try:
         assert resources_of(stored(cluster, "kube-system", "in-kube-system"))["limits"] == GPU
-        assert slicing.admissions(plane) == before
+        assert slicing.admissions() == before
         # the same Pod in a namespace the selector lets through is sent to the webhook
         cluster["core"].create_namespaced_pod(SLICING_NS, pod("counted", OPTED_IN, GPU))
-        assert slicing.admissions(plane) > before
+        assert slicing.admissions() > before
     finally:
         cluster["core"].delete_namespaced_pod("in-kube-system", "kube-system", grace_period_seconds=0)
 

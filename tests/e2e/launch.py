@@ -1,0 +1,175 @@
+"""What the end-to-end tests start beside the control plane: ``castslice serve`` with TLS on
+loopback, exactly as the Deployment overlay runs it; a broker stand-in that records the CloudEvents
+the webhook sends; and the project's own webhook configurations pointed at the local server."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.server
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .controlplane import PREEXEC, ControlPlane, free_port, kill_group
+
+CASTSLICE = str(Path(sys.executable).parent / "castslice")
+READY_SECONDS = 60.0
+"""How long a server may take to answer /readyz 200 (a bound against hanging, not a speed)."""
+
+
+# -- a broker stand-in that records the CloudEvents the webhook sends ----------------------------
+class EventLog:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def subjects(self) -> list[str]:
+        with self.lock:
+            return [e["headers"].get("ce-subject", "") for e in self.events]
+
+
+def start_event_sink(log: EventLog) -> tuple[str, http.server.ThreadingHTTPServer]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            with log.lock:
+                log.events.append({"headers": headers, "body": body})
+            self.send_response(202)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/", server
+
+
+# -- the webhook ---------------------------------------------------------------------------------
+class ServedWebhook:
+    """``castslice serve --tls-cert --tls-key`` on loopback with ``config``, its audit events sent
+    to ``sink``; with ``kubeconfig``, its watches read the cluster as that kubeconfig's user."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        name: str,
+        config: dict[str, Any],
+        sink: str,
+        *,
+        kubeconfig: Path | None = None,
+        workers: int = 1,
+    ) -> None:
+        self.name = name
+        self.port = free_port()
+        cert = plane.issue_cert(
+            f"webhook-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
+        )
+        self.config_path = plane.workdir / f"castslice-{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = plane.workdir / f"castslice-{name}.log"
+        env = {
+            **os.environ,
+            "CASTSLICE_CONFIG": str(self.config_path),
+            "K_SINK": sink,
+            "HOME": str(plane.workdir),
+            "WORKERS": str(workers),
+        }
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        command = [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
+        with self.log_path.open("wb") as log:
+            # Its own process group (gunicorn and its workers stop together) that dies with pytest.
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=PREEXEC,
+            )
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        # /readyz answers 200 only once the watches have listed (a worker's own view): with two
+        # workers, ask until several answers in a row are ready.
+        for _ in range(2 * workers + 1):
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"castslice serve ({self.name}) exited: {self.log_path.read_text()[-3000:]}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", context=self.context, timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"castslice serve ({self.name}) not ready: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+    def metrics(self) -> str:
+        """The /metrics of whichever worker answers this new connection."""
+        with urllib.request.urlopen(self.url + "/metrics", context=self.context, timeout=5) as answer:
+            text: str = answer.read().decode()
+        return text
+
+    def admissions(self) -> float:
+        """How many admission requests the worker that answers has answered."""
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith("castslice_admission_requests_total{")
+        )
+
+    def admissions_by_worker(self, probes: int = 20) -> list[float]:
+        """Admission requests answered, per worker seen: each probe is a new connection, which the
+        kernel hands to either worker, so with two workers both totals show up."""
+        return sorted({self.admissions() for _ in range(probes)})
+
+    def view_objects(self, index: str) -> float:
+        """castslice_view_objects{index} from the /metrics of whichever worker answers."""
+        prefix = f'castslice_view_objects{{index="{index}"}} '
+        return max(
+            (float(line[len(prefix) :]) for line in self.metrics().splitlines() if line.startswith(prefix)),
+            default=-1,
+        )
+
+    def stop(self) -> None:
+        kill_group(self.process, timeout=15)
+
+
+def pointed_at(
+    configuration: dict[str, Any], name: str, url: str, ca: bytes, route: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A copy of a rendered webhook configuration of the project's (mutating or validating) named
+    ``name``, each hook calling ``url`` with the test CA as caBundle (no cert-manager here) and
+    named after ``name``; ``route``, a namespaceSelector expression, sends only the namespaces it
+    selects to this server (several servers share one apiserver)."""
+    configuration = copy.deepcopy(configuration)
+    configuration["metadata"] = {"name": name}
+    for hook in configuration["webhooks"]:
+        path = hook["clientConfig"].get("path") or "/" + hook["clientConfig"]["url"].split("/", 3)[3]
+        hook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca).decode()}
+        hook["name"] = f"{name}.castslice.castops.io"
+        if route is not None:
+            hook["namespaceSelector"]["matchExpressions"].append(route)
+    return configuration
