@@ -20,7 +20,7 @@ from typing import TypeAlias
 from function.audit import command as audit
 from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
 from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
-from function.offline import config, explain, mutate, mutations
+from function.offline import config, dra, explain, mutate, mutations
 from function.serve import command as serve
 
 Programs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -98,8 +98,9 @@ def _mutate(sub: Programs) -> None:
     program.add_argument(
         "--cluster",
         metavar="STATE.yaml",
-        help="cluster state for mutators that need it (spot's partial split): what "
-        "kubectl get pods,replicasets -A -o yaml prints (default: none)",
+        help="cluster state for mutators that need it (spot's partial split, the dra "
+        "backend's templates): what kubectl get pods,replicasets,resourceclaimtemplates -A "
+        "-o yaml prints (default: none)",
     )
     program.add_argument(
         "--mutations",
@@ -121,7 +122,11 @@ def _mutations(sub: Programs) -> None:
 
 
 def _explain(sub: Programs) -> None:
-    program = sub.add_parser("explain", help="which PodMutations match a Pod, their rank, the winner")
+    program = sub.add_parser(
+        "explain",
+        help="which PodMutations match a Pod, their rank, the winner; with gpuSlicing.backend: dra, "
+        "the claim and template it gets",
+    )
     program.add_argument(
         "-f", "--filename", required=True, help="YAML with Pods/workloads (and PodMutations), or - (required)"
     )
@@ -131,6 +136,7 @@ def _explain(sub: Programs) -> None:
         help="PodMutation documents, a file or a directory (default: those in -f only)",
     )
     program.add_argument("-n", "--namespace", default="default", help=NAMESPACE_HELP)
+    program.add_argument("--config", help=CONFIG_HELP)
     program.set_defaults(run=explain.run)
 
 
@@ -143,6 +149,29 @@ def _config(sub: Programs) -> None:
     show = actions.add_parser("show", help="print the effective configuration")
     show.add_argument("--config", help=CONFIG_HELP)
     show.set_defaults(run=config.show)
+
+
+def _dra(sub: Programs) -> None:
+    program = sub.add_parser("dra", help="GPU slicing through DRA (gpuSlicing.backend: dra)")
+    actions = program.add_subparsers(dest="dra_command", required=True)
+    render = actions.add_parser(
+        "templates", help="print the ResourceClaimTemplates the webhook names, for GitOps"
+    )
+    render.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        help="a GPU namespace to render them for; repeat for several (default: default)",
+    )
+    render.add_argument("--config", help=CONFIG_HELP)
+    render.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json"),
+        default="yaml",
+        help="yaml: a stream of documents; json: a v1 List (default: yaml)",
+    )
+    render.set_defaults(run=dra.templates)
 
 
 def _audit(sub: Programs) -> None:
@@ -190,7 +219,15 @@ def _audit(sub: Programs) -> None:
     program.set_defaults(run=audit.run)
 
 
-PROGRAMS: tuple[Callable[[Programs], None], ...] = (_serve, _mutate, _mutations, _explain, _config, _audit)
+PROGRAMS: tuple[Callable[[Programs], None], ...] = (
+    _serve,
+    _mutate,
+    _mutations,
+    _explain,
+    _config,
+    _dra,
+    _audit,
+)
 """In the order ``castslice --help`` lists them."""
 
 

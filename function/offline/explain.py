@@ -1,5 +1,6 @@
 """``castslice explain``: which PodMutations match each Pod of a manifest, their rank, the winner,
-and what the winner would change."""
+and what the winner would change; with ``gpuSlicing.backend: dra``, also the claim and the
+ResourceClaimTemplate GPU slicing gives the Pod."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any
 
 import yaml
 
+from function.core.config import Config, ConfigError
+from function.core.engine import Engine
+from function.core.mutators.base import RequestContext
+from function.offline.config import config_from
 from function.offline.mutations import documents_from
 from function.offline.podmutations import explain, load, pod_of
 
@@ -27,6 +32,12 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as error:
         print(f"castslice explain: cannot read {args.filename}: {error}", file=sys.stderr)
         return 2
+    try:
+        config = config_from(args.config)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    claims = _claim_teller(config)
     loaded = load([*documents, *extra])
     for bad in loaded.invalid:
         print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
@@ -42,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
             f"workload {w.kind}/{w.name} in namespace {w.namespace}"
         )
+        if claims is not None:
+            print(f"  {claims(found[0], namespace)}")
         if not result.selection.candidates:
             print("  no PodMutation matches")
             continue
@@ -58,3 +71,21 @@ def run(args: argparse.Namespace) -> int:
         for warning in result.warnings:
             print(f"  warning: {warning}")
     return 0
+
+
+def _claim_teller(config: Config) -> Any:
+    """With the dra backend: Pod, namespace -> GPU slicing's line for it (the claim and template
+    it gets, or why none), as the webhook decides it without cluster state; else None."""
+    section = config.section("gpuSlicing")
+    if not section.enabled or section.backend != "dra":
+        return None
+    engine = Engine(config)
+
+    def tell(pod: dict[str, Any], namespace: str) -> str:
+        decision = engine.decide(pod, RequestContext(namespace=namespace))
+        part = next((d for d in decision.decisions if d.mutator == "gpu-slicing"), None)
+        if part is None:
+            return f"gpu-slicing: {decision.outcome}: {decision.reason}"
+        return f"gpu-slicing: {part.action.value}: {part.reason}"
+
+    return tell

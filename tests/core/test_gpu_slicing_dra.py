@@ -73,11 +73,8 @@ def test_a_slice_ratio_4_pod_trades_its_gpu_for_one_claim_from_the_4_slice_templ
     stored = decision.mutated_pod
     assert stored is not None
     assert stored["spec"]["resourceClaims"] == [{"name": "castslice-gpu", "resourceClaimTemplateName": FOUR}]
-    assert stored["spec"]["containers"][0]["resources"] == {
-        "limits": {},
-        "requests": {},
-        "claims": [{"name": "castslice-gpu"}],
-    }
+    # limits and requests held only the GPU: they go with it.
+    assert stored["spec"]["containers"][0]["resources"] == {"claims": [{"name": "castslice-gpu"}]}
 
 
 def test_presets_and_the_default_choose_the_template_as_they_choose_the_slice_count() -> None:
@@ -91,7 +88,8 @@ def test_presets_and_the_default_choose_the_template_as_they_choose_the_slice_co
         assert decision.mutated_pod is not None
         (claim,) = decision.mutated_pod["spec"]["resourceClaims"]
         assert claim["resourceClaimTemplateName"] == template(NVIDIA, slices).name
-        assert f"({slices} slices: shares {slices}; {origin})" in slicing(decision)[1]
+        plural = "" if slices == 1 else "s"
+        assert f"({slices} slice{plural}: shares {slices}; {origin})" in slicing(decision)[1]
 
 
 def test_a_native_sidecar_init_containers_and_the_app_share_the_one_claim() -> None:

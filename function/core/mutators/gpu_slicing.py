@@ -319,9 +319,11 @@ class GpuSlicing:
                 ),
             )
         for _, container in asking:
-            for _, section in resource_sections(container):
-                section.pop(source, None)
             resources = ensure_map(container, "resources")
+            for name, section in resource_sections(container):
+                section.pop(source, None)
+                if not section:
+                    del resources[name]  # limits: {nvidia.com/gpu: 1} leaves nothing to keep
             references = resources.get("claims")
             if not isinstance(references, list):
                 references = resources["claims"] = []
@@ -335,7 +337,7 @@ class GpuSlicing:
         sliced = ", ".join(label for label, _ in asking)
         return MutatorResult.mutated(
             f"{source} -> claim {dra.claimName} from ResourceClaimTemplate {chosen.name} "
-            f"({slices} slices: {amounts}; {origin}) in {sliced}{left}{note}",
+            f"({slices} slice{'' if slices == 1 else 's'}: {amounts}; {origin}) in {sliced}{left}{note}",
             *warnings,
         )
 
@@ -358,7 +360,8 @@ class GpuSlicing:
             else f"apply it: castslice dra templates -n {ctx.namespace} | kubectl apply -f -"
         )
         missing = (
-            f"ResourceClaimTemplate {chosen.name} ({chosen.slices} slices) is missing in namespace "
+            f"ResourceClaimTemplate {chosen.name} ({chosen.slices} slice{'' if chosen.slices == 1 else 's'}) "
+            f"is missing in namespace "
             f"{ctx.namespace}; {remedy}"
         )
         return missing, "; template missing"
