@@ -176,7 +176,9 @@ def _dra(sub: Programs) -> None:
 
 def _audit(sub: Programs) -> None:
     program = sub.add_parser(
-        "audit", help="list or summarise the decision events the reference audit consumer stored"
+        "audit",
+        help="list or summarise the decision events the reference audit consumer stored, or find "
+        "stored Pods the webhook would change today (drift)",
     )
     program.add_argument(
         "view",
@@ -184,8 +186,16 @@ def _audit(sub: Programs) -> None:
         choices=audit.VIEWS,
         default="summary",
         help="summary: counts by outcome, namespace, mutator, time; list: the events; "
-        "rejected: the events the consumer refused, with why (default: summary)",
+        "rejected: the events the consumer refused, with why; drift: the stored Pods of --cluster "
+        "the webhook would change today (default: summary)",
     )
+    program.add_argument(
+        "--cluster",
+        metavar="STATE.yaml",
+        help="drift: what kubectl get pods,replicasets,namespaces -A -o yaml printed, or - for stdin "
+        "(default: none)",
+    )
+    program.add_argument("--config", help="drift: " + CONFIG_HELP)
     program.add_argument(
         "--db",
         default=os.environ.get(AUDIT_DB_ENV, DEFAULT_AUDIT_DB),
@@ -214,7 +224,11 @@ def _audit(sub: Programs) -> None:
         help="list or rejected: at most this many, newest first (default: 100)",
     )
     program.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="table or json (default: table)"
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default="table",
+        help="table or json; drift also yaml (default: table)",
     )
     program.set_defaults(run=audit.run)
 

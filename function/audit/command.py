@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from function.audit.consumer import AuditStore, Query
 from function.contract import OUTCOMES
 
-VIEWS = ("summary", "list", "rejected")
+VIEWS = ("summary", "list", "rejected", "drift")
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -117,6 +117,13 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.view == "drift":  # reads a cluster state, not the consumer's store
+        from function.offline import drift
+
+        return drift.run(args)
+    if args.output == "yaml":
+        print(f"castslice audit {args.view}: -o yaml is for drift only; use table or json", file=sys.stderr)
+        return 2
     if args.db != ":memory:" and not Path(args.db).exists():
         print(
             f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
