@@ -28,6 +28,7 @@ from function.core.configtypes import (
 )
 from function.core.mutators import PLUGINS
 from function.core.mutators.registry import MutatorPlugin, conflict
+from function.core.view import WatchSpec, merge_specs
 
 __all__ = [
     "AuditConfig",
@@ -142,6 +143,14 @@ else:
 
 class ConfigError(Exception):
     """The configuration file is missing, unreadable, or does not validate. The message says where."""
+
+
+def watches_for(config: Config) -> tuple[WatchSpec, ...]:
+    """What the enabled plug-ins (enforcing or shadow) need watched, one spec per index. Empty
+    when none needs the cluster: then nothing is watched and no credentials are read."""
+    return merge_specs(
+        spec for plugin, section in config.enabled_plugins() for spec in plugin.watches(section)
+    )
 
 
 def _describe(error: ValidationError, origin: str) -> str:

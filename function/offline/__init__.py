@@ -1,1 +1,2 @@
-"""`castslice mutate / explain / mutations`: manifests, discovery, YAML round-trip, state files."""
+"""The CLI's offline programs (`castslice mutate / explain / mutations / config`) and what they run
+on: manifests, Pod discovery, the YAML round trip, PodMutation files."""

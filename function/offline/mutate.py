@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from function.contract import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_INTERNAL
-from function.core.config import Config, ConfigError
+from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.view import (
     EMPTY_VIEW,
@@ -27,7 +27,6 @@ from function.offline.manifests import ObjectResult, mutate_chunk
 from function.offline.mutations import documents_from
 from function.offline.podmutations import WithMutations, is_mutation_document, load
 from function.offline.yamldoc import DocumentError, load_documents
-from function.serve.watch import watches_for
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 """What ``-f DIR`` reads, as kubectl does."""

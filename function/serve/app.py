@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from function.admission.review import Admission
 from function.audit.recorder import AuditRecorder, build_recorder
-from function.core.config import Config, load_config
+from function.core.config import Config, load_config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
 from function.serve.http_api import WebhookHttp
 from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
-from function.serve.watch import ClusterWatcher, Transport, kube_transport, watches_for
+from function.serve.watch import ClusterWatcher, Transport, kube_transport
 
 log = logging.getLogger("castslice.app")
 

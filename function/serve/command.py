@@ -9,8 +9,7 @@ import sys
 from typing import Any
 
 from function.contract import LARGE_REVIEWS_ENV
-from function.core.config import ConfigError, load_config
-from function.serve.watch import watches_for
+from function.core.config import ConfigError, load_config, watches_for
 
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 """What ``--target`` may name: functions-framework targets in function/func.py."""

@@ -27,15 +27,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from function.core.view import ClusterView, IndexState, View, WatchSpec, merge_specs
-
-if TYPE_CHECKING:
-    from function.core.config import Config
 
 log = logging.getLogger("castslice.view")
 
@@ -51,14 +48,6 @@ FREEZE_EVERY = 10_000
 
 LIST_ACCEPT_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 WATCH_ACCEPT_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
-
-
-def watches_for(config: Config) -> tuple[WatchSpec, ...]:
-    """What the enabled plug-ins (enforcing or shadow) need watched, one spec per index. Empty
-    when none needs the cluster: then nothing is watched and no credentials are read."""
-    return merge_specs(
-        spec for plugin, section in config.enabled_plugins() for spec in plugin.watches(section)
-    )
 
 
 class Response(Protocol):

@@ -10,12 +10,11 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from function.core.config import parse_config
+from function.core.config import parse_config, watches_for
 from function.core.dra import TEMPLATES, DraConfig, TemplateRecord, template, template_key
 from function.core.engine import Decision, Engine
 from function.core.mutators.base import Action, RequestContext
 from function.core.view import StaticView
-from function.serve.watch import watches_for
 
 NVIDIA = DraConfig()
 FOUR = template(NVIDIA, 4).name

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from function import cli
-from function.core.config import parse_config
+from function.core.config import parse_config, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, load_state
@@ -21,7 +21,7 @@ from function.offline.manifests import mutate_chunk
 from function.offline.yamldoc import load_documents
 from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
-from function.serve.watch import NoCredentials, watches_for
+from function.serve.watch import NoCredentials
 from tests.support import load_review
 from tests.view_support import FakeApiServer, make_pod, transport_for
 
