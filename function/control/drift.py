@@ -26,12 +26,12 @@ from cloudevents.http import CloudEvent
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
-from function.core.config import Config
+from function.core.config import Config, watches_for
 from function.core.drift import Finding, Tally, findings
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, NamespaceRecord
 from function.core.view import POD_FIELD_SELECTOR, ClusterView, WatchSpec, merge_specs
-from function.serve.watch import PAGE_SIZE, Transport, watches_for
+from function.serve.watch import PAGE_SIZE, Transport
 
 log = logging.getLogger("castslice.drift")
 

@@ -18,11 +18,10 @@ from typing import Any, TextIO
 import yaml
 
 from function.contract import EXIT_BAD_INPUT
-from function.core.config import Config, ConfigError
+from function.core.config import Config, ConfigError, watches_for
 from function.core.drift import Finding, Tally, findings, opted_out_namespaces
 from function.core.engine import Engine
 from function.core.view import PODS, REPLICASETS, Record, StaticView, WatchSpec, merge_specs
-from function.serve.watch import watches_for
 
 EXIT_CLEAN = 0
 EXIT_DRIFT = 1

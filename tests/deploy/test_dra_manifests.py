@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from function.core.config import parse_config
+from function.core.config import parse_config, watches_for
 from function.core.dra import TEMPLATES
 from function.core.view import rbac_rules
-from function.serve.watch import watches_for
 from tests.deploy.test_view_manifests import OVERLAYS, granted_rules, token_mounted, with_component
 from tests.manifests_support import KNATIVE_DIR, by_kind
 
