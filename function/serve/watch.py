@@ -32,7 +32,7 @@ from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from function.core.view import ClusterView, IndexState, View, WatchSpec, merge_specs
+from function.core.view import ClusterView, IndexState, Record, View, WatchSpec, merge_specs
 
 log = logging.getLogger("castslice.view")
 
@@ -135,8 +135,14 @@ class ClusterWatcher:
         backoff: tuple[float, float] = (BACKOFF_START, BACKOFF_MAX),
         watch_seconds: tuple[int, int] = WATCH_SECONDS,
         freeze_gc: bool = False,
+        listener: Callable[[str, Record | None, Record | None], None] | None = None,
     ) -> None:
-        """``freeze_gc``: after each list and every FREEZE_EVERY events, ``gc.freeze()`` moves the
+        """``listener`` (the controller's runner; the webhook passes none) is told of every change
+        after it is published: ``(index, old, new)`` records, either None for an add or a delete,
+        and ``(index, None, None)`` after a whole list (anything may have changed). It runs on the
+        watch thread and must be quick (enqueue, never call the API).
+
+        ``freeze_gc``: after each list and every FREEZE_EVERY events, ``gc.freeze()`` moves the
         objects alive into the collector's permanent generation. The view's records and map nodes
         are acyclic (reference counting frees them when replaced), but while tracked a full
         collection walks all of them: ~0.2-0.5 s at 100,000 Pods, a pause any review could hit.
@@ -159,6 +165,7 @@ class ClusterWatcher:
         self._synced_event = threading.Event()
         self._requests = 0
         self._freeze_gc = freeze_gc
+        self._listener = listener
         self._gc_freeze: Callable[[], None] = gc.freeze  # replaced by tests, which must not freeze
         self._events_since_freeze = 0
         self._started_in: int | None = None
@@ -345,6 +352,7 @@ class ClusterWatcher:
         self._freeze()  # before readiness: the first freeze happens while no review is answered
         if all(state.synced for state in self._published.values()):
             self._synced_event.set()
+        self._tell(spec.index, None, None)
         log.info("view %s: listed %d objects at resourceVersion %s", spec.index, len(records), version)
         return version
 
@@ -399,11 +407,22 @@ class ClusterWatcher:
         if self._events_since_freeze >= FREEZE_EVERY:
             self._freeze()
         record = spec.slim(obj) if kind in ("ADDED", "MODIFIED") else None
+        before = self._published[spec.index].records.get(key)
         if record is None:  # DELETED, or an object the spec no longer keeps (a finished Pod)
             self._publish(spec.index, lambda old: old.remove(key, spec.group_by))
         else:
             self._publish(spec.index, lambda old: old.put(key, record, spec.group_by))
+        if before is not None or record is not None:
+            self._tell(spec.index, before, record)
         return new_version
+
+    def _tell(self, index: str, old: Record | None, new: Record | None) -> None:
+        if self._listener is None:
+            return
+        try:
+            self._listener(index, old, new)
+        except Exception:
+            log.exception("view %s: the change listener failed", index)
 
     def _freeze(self) -> None:
         self._events_since_freeze = 0
