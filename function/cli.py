@@ -3,6 +3,7 @@
 - ``serve``: function/serve/command.py
 - ``mutate``, ``explain``, ``mutations validate``, ``config validate|show``: function/offline/
 - ``audit``: function/audit/command.py
+- ``control``: function/control/command.py
 
 A program is a module function ``run(args) -> int`` (the exit code); adding one is a function
 here that declares its arguments and sets ``run``, and a line in ``PROGRAMS``.
@@ -19,6 +20,7 @@ from typing import TypeAlias
 
 from function.audit import command as audit
 from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
+from function.control import command as control
 from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
 from function.offline import config, dra, explain, mutate, mutations
 from function.serve import command as serve
@@ -233,6 +235,54 @@ def _audit(sub: Programs) -> None:
     program.set_defaults(run=audit.run)
 
 
+def _control(sub: Programs) -> None:
+    program = sub.add_parser(
+        "control",
+        help="run the controller (leader-elected reconcilers: GPU leases, ...)",
+        description="The controller process: every replica watches, one leader (a coordination.k8s.io "
+        "Lease) reconciles. Serves /healthz, /readyz and /metrics over plain HTTP.",
+    )
+    program.add_argument("--config", help=CONFIG_HELP)
+    program.add_argument(
+        "--host", default="0.0.0.0", help="address of /healthz, /readyz, /metrics (default: 0.0.0.0)"
+    )
+    program.add_argument(
+        "--port", type=int, default=8080, help="port of /healthz, /readyz, /metrics (default: 8080)"
+    )
+    program.add_argument(
+        "--lease-name",
+        default=control.DEFAULT_LEASE_NAME,
+        help=f"the leader-election Lease (default: {control.DEFAULT_LEASE_NAME})",
+    )
+    program.add_argument(
+        "--lease-namespace",
+        default="",
+        help="its namespace (default: $POD_NAMESPACE, else the ServiceAccount's, else default)",
+    )
+    program.add_argument(
+        "--identity", default="", help="this candidate's name (default: $POD_NAME, else host_pid)"
+    )
+    program.add_argument(
+        "--lease-duration",
+        type=float,
+        default=control.LEASE_SECONDS,
+        help=f"seconds a leader's lease lasts unrenewed (default: {control.LEASE_SECONDS})",
+    )
+    program.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=control.RENEW_DEADLINE,
+        help=f"seconds the leader tries to renew before it stops leading (default: {control.RENEW_DEADLINE})",
+    )
+    program.add_argument(
+        "--retry-period",
+        type=float,
+        default=control.RETRY_SECONDS,
+        help=f"seconds between two tries to acquire or renew (default: {control.RETRY_SECONDS})",
+    )
+    program.set_defaults(run=control.run)
+
+
 PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _serve,
     _mutate,
@@ -241,6 +291,7 @@ PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _config,
     _dra,
     _audit,
+    _control,
 )
 """In the order ``castslice --help`` lists them."""
 

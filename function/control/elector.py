@@ -1,0 +1,281 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection does it.
+
+Written here rather than taken from the Python client's ``kubernetes.leaderelection``: that module
+never cancels the leading callback when leadership is lost (the old leader keeps working beside
+the new one) and does not release the Lease on stop (a rolling update waits a whole lease duration
+for the next leader). This one:
+
+- acquires when the Lease is free (no holder), expired (its record has not changed for
+  ``lease_seconds`` by *our* monotonic clock, so clock skew between replicas does not matter), or
+  already ours; writes are optimistic (``resourceVersion``), so two candidates never both win;
+- renews every ``retry_seconds``; when no renewal succeeded for ``renew_deadline`` it stops leading
+  *before* any other candidate can take over (``renew_deadline < lease_seconds``), then competes
+  again;
+- a candidate sleeps until the moment the observed Lease would expire rather than a whole retry
+  period past it, so after the leader dies the takeover comes at most ``lease_seconds`` +
+  ``retry_seconds`` after its last renewal;
+- ``stop()`` (SIGTERM) stops the leading work first, then releases (empty holder, duration 1 s),
+  so the next candidate takes over at its next try (within ``retry_seconds``).
+
+Defaults: lease 15 s, renew deadline 10 s, retry 2 s (kubernetes/component-base
+``config/v1alpha1/defaults.go``), with client-go's rule lease > renew deadline > 1.2 x retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from function.control.kube import Api, ApiError, collection_path, object_path
+
+log = logging.getLogger("castslice.control.elector")
+
+LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS = 15.0, 10.0, 2.0
+JITTER = 1.2
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    holder: str
+    lease_seconds: int
+    acquire_time: str
+    renew_time: str
+    transitions: int
+
+
+def micro_time(moment: datetime) -> str:
+    """A MicroTime as the apiserver writes it (RFC 3339, microseconds, UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseLock:
+    """The Lease object: read it, create it, replace it at a resourceVersion."""
+
+    def __init__(self, api: Api, namespace: str, name: str) -> None:
+        self.api, self.namespace, self.name = api, namespace, name
+
+    def path(self) -> str:
+        return object_path("coordination.k8s.io", "v1", "leases", self.namespace, self.name)
+
+    def get(self) -> tuple[LeaseRecord, str] | None:
+        """The record and its resourceVersion; None when there is no Lease yet."""
+        response = self.api.request("GET", self.path(), timeout=5.0)
+        if response.status == 404:
+            return None
+        if not response.ok:
+            raise ApiError(f"get lease {self.namespace}/{self.name}", response)
+        spec = response.body.get("spec") or {}
+        metadata = response.body.get("metadata") or {}
+        record = LeaseRecord(
+            holder=spec.get("holderIdentity") or "",
+            lease_seconds=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=spec.get("acquireTime") or "",
+            renew_time=spec.get("renewTime") or "",
+            transitions=int(spec.get("leaseTransitions") or 0),
+        )
+        return record, str(metadata.get("resourceVersion") or "")
+
+    def _body(self, record: LeaseRecord, version: str = "") -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if version:
+            metadata["resourceVersion"] = version
+        spec: dict[str, Any] = {
+            "holderIdentity": record.holder,
+            "leaseDurationSeconds": record.lease_seconds,
+            "leaseTransitions": record.transitions,
+        }
+        if record.acquire_time:
+            spec["acquireTime"] = record.acquire_time
+        if record.renew_time:
+            spec["renewTime"] = record.renew_time
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    def create(self, record: LeaseRecord) -> bool:
+        """False when another candidate created it first."""
+        path = collection_path("coordination.k8s.io", "v1", "leases", self.namespace)
+        response = self.api.request("POST", path, body=self._body(record), timeout=5.0)
+        if response.status == 409:
+            return False
+        if not response.ok:
+            raise ApiError(f"create lease {self.namespace}/{self.name}", response)
+        return True
+
+    def update(self, record: LeaseRecord, version: str) -> bool:
+        """False when the Lease changed since ``version`` was read (someone else wrote)."""
+        response = self.api.request("PUT", self.path(), body=self._body(record, version), timeout=5.0)
+        if response.status == 409:
+            return False
+        if not response.ok:
+            raise ApiError(f"update lease {self.namespace}/{self.name}", response)
+        return True
+
+
+class LeaderElector:
+    """Run ``run()`` on a thread; ``on_started`` / ``on_stopped`` are called on that thread when
+    leadership is gained and lost (``on_stopped`` must return once the leading work has stopped)."""
+
+    def __init__(
+        self,
+        lock: LeaseLock,
+        identity: str,
+        on_started: Callable[[], None],
+        on_stopped: Callable[[], None],
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        renew_deadline: float = RENEW_DEADLINE,
+        retry_seconds: float = RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_leading_changed: Callable[[bool], None] = lambda leading: None,
+    ) -> None:
+        if not identity:
+            raise ValueError("leader election needs a non-empty identity (the Pod's name)")
+        if not lease_seconds > renew_deadline > JITTER * retry_seconds > 0:
+            raise ValueError(
+                f"leader election timings must satisfy lease ({lease_seconds}s) > renew deadline "
+                f"({renew_deadline}s) > {JITTER} x retry period ({retry_seconds}s) > 0"
+            )
+        self.lock, self.identity = lock, identity
+        self.on_started, self.on_stopped = on_started, on_stopped
+        self.on_leading_changed = on_leading_changed
+        self.lease_seconds, self.renew_deadline, self.retry_seconds = (
+            lease_seconds,
+            renew_deadline,
+            retry_seconds,
+        )
+        self._clock, self._wall = clock, wall
+        self._stop = threading.Event()
+        self._observed: tuple[LeaseRecord, str] | None = None
+        self._observed_at = 0.0
+        self._leading = False
+        self.last_loop = clock()
+        """When the loop last ran (``/healthz``: a stuck elector is an unhealthy process)."""
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Compete, lead, renew, until ``stop()``; then stop leading and release the Lease."""
+        try:
+            while not self._stop.is_set():
+                if self._try_acquire_or_renew():
+                    self._lead()
+                else:
+                    self._stop.wait(self._candidate_wait())
+        finally:
+            if self._leading:
+                self._set_leading(False)
+                self._release()
+
+    def _lead(self) -> None:
+        self._set_leading(True)
+        last_renewal = self._clock()
+        while not self._stop.is_set():
+            self._stop.wait(self.retry_seconds)
+            if self._stop.is_set():
+                return  # run()'s finally releases
+            if self._try_acquire_or_renew():
+                last_renewal = self._clock()
+            elif self._clock() - last_renewal >= self.renew_deadline or not self._still_ours():
+                log.warning("leader election: lost the lease %s (not renewed in time)", self.lock.name)
+                self._set_leading(False)
+                return
+
+    def _still_ours(self) -> bool:
+        return self._observed is not None and self._observed[0].holder == self.identity
+
+    def _candidate_wait(self) -> float:
+        """A retry period with jitter, or less: until the observed lease would expire."""
+        wait = self.retry_seconds * random.uniform(1.0, JITTER)
+        if self._observed is not None and self._observed[0].holder:
+            expires_in = self._observed_at + self._lease_of(self._observed[0]) - self._clock()
+            wait = min(wait, max(expires_in, 0.0) + 0.01)
+        return wait
+
+    def _lease_of(self, record: LeaseRecord) -> float:
+        return float(record.lease_seconds) if record.lease_seconds > 0 else self.lease_seconds
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self._leading:
+            return
+        if leading:
+            log.info("leader election: %s leads (lease %s)", self.identity, self.lock.name)
+            self._leading = True
+            self.on_leading_changed(True)
+            self.on_started()
+        else:
+            # The work stops before anybody can see us as not leading.
+            self.on_stopped()
+            self._leading = False
+            self.on_leading_changed(False)
+            log.info("leader election: %s stopped leading", self.identity)
+
+    def _try_acquire_or_renew(self) -> bool:
+        self.last_loop = self._clock()
+        now = micro_time(self._wall())
+        try:
+            current = self.lock.get()
+        except Exception as error:  # noqa: BLE001 - the apiserver unreachable: try again later
+            log.warning("leader election: cannot read the lease: %s", error)
+            return False
+        if current is None:
+            record = LeaseRecord(self.identity, int(self.lease_seconds), now, now, 0)
+            try:
+                won = self.lock.create(record)
+            except Exception as error:  # noqa: BLE001
+                log.warning("leader election: cannot create the lease: %s", error)
+                return False
+            if won:
+                self._observe(record, "")
+            return won
+        record, version = current
+        if self._observed is None or self._observed[0] != record:
+            self._observe(record, version)
+        ours = record.holder == self.identity
+        expired = self._observed_at + self._lease_of(record) <= self._clock()
+        if not ours and record.holder and not expired:
+            return False
+        taken = LeaseRecord(
+            holder=self.identity,
+            lease_seconds=int(self.lease_seconds),
+            acquire_time=record.acquire_time if ours else now,
+            renew_time=now,
+            transitions=record.transitions if ours else record.transitions + 1,
+        )
+        try:
+            won = self.lock.update(taken, version)
+        except Exception as error:  # noqa: BLE001
+            log.warning("leader election: cannot update the lease: %s", error)
+            return False
+        if won:
+            self._observe(taken, "")
+        return won
+
+    def _observe(self, record: LeaseRecord, version: str) -> None:
+        self._observed = (record, version)
+        self._observed_at = self._clock()
+
+    def _release(self) -> None:
+        """Give the Lease up (empty holder) so the next candidate need not wait for it to expire."""
+        try:
+            current = self.lock.get()
+            if current is None or current[0].holder != self.identity:
+                return
+            record, version = current
+            now = micro_time(self._wall())
+            released = LeaseRecord("", 1, now, now, record.transitions)
+            if self.lock.update(released, version):
+                log.info("leader election: %s released the lease %s", self.identity, self.lock.name)
+        except Exception as error:  # noqa: BLE001 - it expires on its own
+            log.warning("leader election: could not release the lease (it expires by itself): %s", error)

@@ -1,0 +1,290 @@
+"""The runner: watches for every replica, a work queue and a worker per reconciler for the leader.
+
+Level-triggered. A key becomes due when a watch changes a record that ``triggers`` maps to it,
+when its own ``Requeue(after)`` timer fires (a lease boundary), after a failure (backoff), and for
+every key at each ``keys`` pass (gaining leadership, a whole relist, every ``resync_seconds``). The
+queue holds each key once however often it is triggered (client-go's rule: a key triggered while
+it is reconciled runs again after, never twice at once), so a burst of Pod events costs one
+reconcile of their lease.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from function.control.reconciler import Context, Reconciler
+from function.core.view import ClusterView, Record
+
+log = logging.getLogger("castslice.control")
+
+BACKOFF_START, BACKOFF_MAX = 0.5, 60.0
+
+
+class ControlMetrics:
+    """Per process (scrape each replica, not a Service: ``sum(castslice_control_is_leader) < 1``
+    means nobody reconciles)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.is_leader = Gauge(
+            "castslice_control_is_leader", "1 while this process leads (reconciles).", registry=registry
+        )
+        self.duration = Histogram(
+            "castslice_control_reconcile_seconds",
+            "Time one reconcile took, by reconciler.",
+            ["reconciler"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=registry,
+        )
+        self.errors = Counter(
+            "castslice_control_reconcile_errors",
+            "Reconciles that raised (each retried with backoff), by reconciler.",
+            ["reconciler"],
+            registry=registry,
+        )
+        self.depth = Gauge(
+            "castslice_control_queue_depth",
+            "Keys due now and not yet reconciled, by reconciler (timers not yet due excluded).",
+            ["reconciler"],
+            registry=registry,
+        )
+
+
+class WorkQueue:
+    """Keys with a due time; each key at most once (the earliest due time wins), FIFO among equals.
+    ``get`` blocks until a key is due or the queue is shut down (then it returns None)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, str]] = []
+        self._due: dict[str, float] = {}
+        self._active: set[str] = set()
+        self._again: dict[str, float] = {}
+        self._sequence = 0
+        self._closed = False
+
+    def add(self, key: str, after: float = 0.0) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            due = self._clock() + max(after, 0.0)
+            if key in self._active:  # being reconciled: run again once it is done
+                self._again[key] = min(due, self._again.get(key, due))
+                return
+            known = self._due.get(key)
+            if known is not None and known <= due:
+                return
+            self._due[key] = due
+            self._sequence += 1
+            heapq.heappush(self._heap, (due, self._sequence, key))
+            self._cond.notify()
+
+    def get(self, timeout: float | None = None) -> str | None:
+        deadline = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            while not self._closed:
+                while self._heap and self._due.get(self._heap[0][2]) != self._heap[0][0]:
+                    heapq.heappop(self._heap)  # superseded by an earlier due time
+                now = self._clock()
+                if self._heap and self._heap[0][0] <= now:
+                    _, _, key = heapq.heappop(self._heap)
+                    del self._due[key]
+                    self._active.add(key)
+                    return key
+                wait = self._heap[0][0] - now if self._heap else None
+                if deadline is not None:
+                    left = deadline - now
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cond.wait(wait)
+            return None
+
+    def done(self, key: str) -> None:
+        with self._cond:
+            self._active.discard(key)
+            again = self._again.pop(key, None)
+        if again is not None:
+            self.add(key, max(again - self._clock(), 0.0))
+
+    def ready(self) -> int:
+        now = self._clock()
+        with self._cond:
+            return sum(1 for due in self._due.values() if due <= now)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._due)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class Worker:
+    """One reconciler's queue and thread, alive while this process leads."""
+
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        snapshot: Callable[[], ClusterView],
+        metrics: ControlMetrics,
+        now: Callable[[], datetime],
+        clock: Callable[[], float],
+    ) -> None:
+        self.reconciler = reconciler
+        self.queue = WorkQueue(clock)
+        self._snapshot, self._metrics, self._now, self._clock = snapshot, metrics, now, clock
+        self._failures: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+        self._last_resync = clock()
+        name = reconciler.name
+        metrics.depth.labels(name).set_function(self.queue.ready)
+        metrics.errors.labels(name)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"castslice-reconcile-{self.reconciler.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self.queue.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("reconciler %s did not stop within %.1fs", self.reconciler.name, timeout)
+
+    def enqueue_all(self) -> None:
+        view = self._snapshot()
+        for key in self.reconciler.keys(view):
+            self.queue.add(key)
+        self._last_resync = self._clock()
+
+    def _run(self) -> None:
+        while True:
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                if self._closed():
+                    return
+                if self._clock() - self._last_resync >= self.reconciler.resync_seconds:
+                    self.enqueue_all()
+                continue
+            try:
+                self.reconcile_one(key)
+            finally:
+                self.queue.done(key)
+
+    def _closed(self) -> bool:
+        return self.queue.closed
+
+    def reconcile_one(self, key: str) -> None:
+        """Reconcile ``key`` once, now: what the thread does per key (and what tests call)."""
+        name = self.reconciler.name
+        began = time.perf_counter()
+        try:
+            outcome = self.reconciler.reconcile(key, Context(self._snapshot(), self._now()))
+        except Exception:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = min(BACKOFF_START * 2 ** (failures - 1), BACKOFF_MAX)
+            self._metrics.errors.labels(name).inc()
+            log.exception(
+                "reconcile %s %s failed (attempt %d); retrying in %.1fs", name, key, failures, delay
+            )
+            self.queue.add(key, delay)
+        else:
+            self._failures.pop(key, None)
+            if outcome.after is not None:
+                self.queue.add(key, outcome.after)
+        finally:
+            self._metrics.duration.labels(name).observe(time.perf_counter() - began)
+
+
+class Runner:
+    """Starts the reconcilers' workers on gaining leadership and stops them on losing it, and
+    routes watch changes to their queues. ``snapshot`` is the view (the watcher's), ``now`` the
+    wall clock handed to reconciles."""
+
+    def __init__(
+        self,
+        reconcilers: Sequence[Reconciler],
+        snapshot: Callable[[], ClusterView],
+        registry: CollectorRegistry,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], float] = time.monotonic,
+        stop_timeout: float = 4.0,
+    ) -> None:
+        """``stop_timeout``: how long losing leadership waits for a reconcile in flight; it must
+        stay under lease duration - renew deadline (5 s by default) so the old leader is quiet
+        before another can lead."""
+        names = [reconciler.name for reconciler in reconcilers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two reconcilers share a name: {names}")
+        self.reconcilers = tuple(reconcilers)
+        self.metrics = ControlMetrics(registry)
+        self.metrics.is_leader.set(0)
+        self._snapshot, self._now, self._clock = snapshot, now, clock
+        self._stop_timeout = stop_timeout
+        self._lock = threading.Lock()
+        self._workers: dict[str, Worker] = {}
+        self._by_index: dict[str, list[Reconciler]] = {}
+        for reconciler in self.reconcilers:
+            for spec in reconciler.watches:
+                self._by_index.setdefault(spec.index, []).append(reconciler)
+
+    @property
+    def leading(self) -> bool:
+        return bool(self._workers)
+
+    def start_leading(self) -> None:
+        with self._lock:
+            self.metrics.is_leader.set(1)
+            for reconciler in self.reconcilers:
+                worker = Worker(reconciler, self._snapshot, self.metrics, self._now, self._clock)
+                worker.enqueue_all()
+                self._workers[reconciler.name] = worker
+                worker.start()
+
+    def stop_leading(self) -> None:
+        with self._lock:
+            workers, self._workers = self._workers, {}
+            self.metrics.is_leader.set(0)
+        for worker in workers.values():
+            worker.queue.shutdown()
+        for worker in workers.values():
+            worker.stop(self._stop_timeout)
+            self.metrics.depth.labels(worker.reconciler.name).set_function(lambda: 0.0)
+
+    def changed(self, index: str, old: Record | None, new: Record | None) -> None:
+        """The watcher's listener: make the keys the change touches due (only while leading)."""
+        workers = self._workers
+        if not workers:
+            return
+        for reconciler in self._by_index.get(index, ()):
+            worker = workers.get(reconciler.name)
+            if worker is None:
+                continue
+            if old is None and new is None:  # a whole list: anything may have changed
+                worker.enqueue_all()
+                continue
+            for record in (old, new):
+                if record is not None:
+                    for key in reconciler.triggers(index, record):
+                        worker.queue.add(key)
+
+    def worker(self, name: str) -> Worker | None:
+        return self._workers.get(name)

@@ -1,0 +1,71 @@
+"""The controller process as the CLI builds it, on a fake apiserver: it leads, serves /healthz,
+/readyz and /metrics, and hands the Lease over when stopped."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from function.control.process import Controller, ControlSettings, own_identity, own_namespace
+from tests.control.fake_api import FakeApi
+from tests.control.test_runner import Recorder
+
+LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/castslice-control"
+
+
+class NoTransport:
+    def get(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("no watch expected")
+
+    def interrupt(self, response: object) -> None:
+        return None
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def wait_for(check: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_process_leads_serves_its_endpoints_and_releases_on_stop() -> None:
+    api = FakeApi()
+    recorder = Recorder(["thing/a"])
+    recorder.watches = ()  # type: ignore[misc] - nothing to watch: the view is synced at once
+    settings = ControlSettings(lease_namespace="ops", identity="control-0", host="127.0.0.1", port=0)
+    controller = Controller([recorder], api, NoTransport(), settings)
+    controller.start()
+    try:
+        wait_for(lambda: controller.elector.leading)
+        wait_for(lambda: recorder.seen)
+        assert get(controller.port, "/healthz") == (200, "ok\n")
+        assert get(controller.port, "/readyz") == (200, "ok\n")
+        status, metrics = get(controller.port, "/metrics")
+        assert status == 200
+        assert "castslice_control_is_leader 1.0" in metrics
+        assert 'castslice_control_reconcile_seconds_count{reconciler="recorder"} 1.0' in metrics
+        assert get(controller.port, "/nothing")[0] == 404
+    finally:
+        controller.stop()
+    assert api.objects[LEASE_PATH]["spec"]["holderIdentity"] == ""
+    assert not controller.runner.leading
+
+
+def test_unhealthy_before_the_elector_runs() -> None:
+    settings = ControlSettings(lease_namespace="ops", identity="control-0")
+    controller = Controller([], FakeApi(), NoTransport(), settings)
+    assert not controller.healthy()
+
+
+def test_identity_and_namespace_come_from_the_downward_api() -> None:
+    assert own_identity({"POD_NAME": "castslice-control-7d9f-abcde"}) == "castslice-control-7d9f-abcde"
+    assert own_identity({}).rsplit("_", 1)[1].isdigit()
+    assert own_namespace({"POD_NAMESPACE": "castslice-system"}) == "castslice-system"

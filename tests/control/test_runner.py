@@ -1,0 +1,193 @@
+"""The runner: a key at most once in the queue, timers, backoff on failure, reconcilers started and
+stopped with leadership, watch changes routed by each reconciler's triggers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from function.control.reconciler import DONE, Context, Permission, Requeue
+from function.control.runner import Runner, WorkQueue
+from function.core.view import ClusterView, Record, StaticView, WatchSpec
+
+THINGS = WatchSpec(index="things", group="example.io", version="v1", plural="things", kind="Thing")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_key_is_queued_once_however_often_it_is_added() -> None:
+    queue = WorkQueue(Clock())
+    for _ in range(3):
+        queue.add("a")
+    queue.add("b")
+    assert len(queue) == 2
+    assert [queue.get(0), queue.get(0), queue.get(0)] == ["a", "b", None]
+
+
+def test_a_timer_is_due_only_at_its_time_and_an_earlier_add_wins() -> None:
+    clock = Clock()
+    queue = WorkQueue(clock)
+    queue.add("lease", after=30)
+    assert queue.get(0) is None and queue.ready() == 0
+    clock.now = 29.9
+    assert queue.get(0) is None
+    queue.add("lease")  # a watch event: now, not in 0.1 s
+    assert queue.get(0) == "lease"
+    queue.done("lease")
+    assert queue.get(0) is None  # the superseded timer does not fire a second time
+
+
+def test_a_key_added_while_it_is_reconciled_runs_again_after_never_beside() -> None:
+    queue = WorkQueue(Clock())
+    queue.add("a")
+    assert queue.get(0) == "a"
+    queue.add("a")
+    assert queue.get(0) is None  # not handed to a second worker
+    queue.done("a")
+    assert queue.get(0) == "a"
+
+
+class Recorder:
+    """A reconciler that records what it is asked, and can fail or ask for a timer."""
+
+    name = "recorder"
+    watches = (THINGS,)
+    permissions = (Permission("example.io", "things/status", ("patch",)),)
+    resync_seconds = 3600.0
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        self.all = list(keys)
+        self.seen: list[tuple[str, datetime]] = []
+        self.fail: set[str] = set()
+        self.after: dict[str, float] = {}
+        self.event = threading.Event()
+
+    def triggers(self, index: str, record: Record) -> Iterable[str]:
+        return [f"thing/{record['metadata']['name']}"]
+
+    def keys(self, view: ClusterView) -> Iterable[str]:
+        return list(self.all)
+
+    def reconcile(self, key: str, ctx: Context) -> Requeue:
+        self.seen.append((key, ctx.now))
+        self.event.set()
+        if key in self.fail:
+            raise RuntimeError(f"{key} broke")
+        after = self.after.get(key)
+        return Requeue(after) if after is not None else DONE
+
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def runner(reconciler: Recorder, registry: CollectorRegistry | None = None) -> Runner:
+    return Runner([reconciler], lambda: StaticView({}), registry or CollectorRegistry(), now=lambda: NOW)
+
+
+def wait_for(check: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_gaining_leadership_reconciles_every_key_with_the_injected_clock() -> None:
+    recorder = Recorder(["thing/a", "thing/b"])
+    r = runner(recorder)
+    r.start_leading()
+    try:
+        wait_for(lambda: len(recorder.seen) == 2)
+        assert sorted(recorder.seen) == [("thing/a", NOW), ("thing/b", NOW)]
+    finally:
+        r.stop_leading()
+
+
+def test_changes_are_ignored_while_not_leading_and_routed_while_leading() -> None:
+    recorder = Recorder()
+    r = runner(recorder)
+    r.changed("things", None, {"metadata": {"name": "x"}})
+    assert not r.leading
+    r.start_leading()
+    try:
+        r.changed("things", {"metadata": {"name": "x"}}, {"metadata": {"name": "y"}})
+        r.changed("other-index", None, {"metadata": {"name": "z"}})
+        wait_for(lambda: len(recorder.seen) == 2)
+        assert sorted(key for key, _ in recorder.seen) == ["thing/x", "thing/y"]
+    finally:
+        r.stop_leading()
+    assert not r.leading
+
+
+def test_a_whole_relist_makes_every_key_due() -> None:
+    recorder = Recorder(["thing/a"])
+    r = runner(recorder)
+    r.start_leading()
+    try:
+        wait_for(lambda: len(recorder.seen) == 1)
+        r.changed("things", None, None)
+        wait_for(lambda: len(recorder.seen) == 2)
+    finally:
+        r.stop_leading()
+
+
+def test_a_failing_key_is_counted_and_retried_with_backoff_while_the_others_go_on() -> None:
+    recorder = Recorder()
+    recorder.fail.add("thing/bad")
+    registry = CollectorRegistry()
+    r = runner(recorder, registry)
+    r.start_leading()
+    try:
+        worker = r.worker("recorder")
+        assert worker is not None
+        worker.reconcile_one("thing/bad")
+        worker.reconcile_one("thing/good")
+        assert len(worker.queue) == 1  # the bad key, due again after the backoff
+        metrics = generate_latest(registry).decode()
+        assert 'castslice_control_reconcile_errors_total{reconciler="recorder"} 1.0' in metrics
+        assert 'castslice_control_reconcile_seconds_count{reconciler="recorder"} 2.0' in metrics
+    finally:
+        r.stop_leading()
+
+
+def test_a_requeue_is_a_timer() -> None:
+    recorder = Recorder()
+    recorder.after["thing/a"] = 3600
+    r = runner(recorder)
+    r.start_leading()
+    try:
+        worker = r.worker("recorder")
+        assert worker is not None
+        worker.reconcile_one("thing/a")
+        assert len(worker.queue) == 1 and worker.queue.ready() == 0
+    finally:
+        r.stop_leading()
+
+
+def test_is_leader_and_queue_depth_follow_leadership() -> None:
+    registry = CollectorRegistry()
+    recorder = Recorder()
+    r = runner(recorder, registry)
+    assert "castslice_control_is_leader 0.0" in generate_latest(registry).decode()
+    r.start_leading()
+    assert "castslice_control_is_leader 1.0" in generate_latest(registry).decode()
+    r.stop_leading()
+    metrics = generate_latest(registry).decode()
+    assert "castslice_control_is_leader 0.0" in metrics
+    assert 'castslice_control_queue_depth{reconciler="recorder"} 0.0' in metrics
+
+
+def test_reconcilers_must_have_distinct_names() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="share a name"):
+        Runner([Recorder(), Recorder()], lambda: StaticView({}), CollectorRegistry())
