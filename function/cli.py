@@ -20,8 +20,8 @@ from typing import TypeAlias
 
 from function.audit import command as audit
 from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
-from function.control import command as control
 from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
+from function.control import command as control
 from function.offline import config, dra, explain, mutate, mutations
 from function.serve import command as serve
 

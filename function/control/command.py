@@ -12,6 +12,7 @@ from function.control.process import DEFAULT_LEASE_NAME
 
 __all__ = ["DEFAULT_LEASE_NAME", "LEASE_SECONDS", "RENEW_DEADLINE", "RETRY_SECONDS", "run"]
 
+
 def run(args: argparse.Namespace) -> int:
     from function.control.process import ControlSettings, own_identity, own_namespace, run_control
     from function.core.config import ConfigError, load_config, load_config_file
