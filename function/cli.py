@@ -138,6 +138,12 @@ def _explain(sub: Programs) -> None:
         help="PodMutation documents, a file or a directory (default: those in -f only)",
     )
     program.add_argument("-n", "--namespace", default="default", help=NAMESPACE_HELP)
+    program.add_argument(
+        "--cluster",
+        metavar="STATE",
+        help="`kubectl get pods,gpuleases -A -o yaml` output: also show each Pod's GPU lease arithmetic "
+        "(default: none)",
+    )
     program.add_argument("--config", help=CONFIG_HELP)
     program.set_defaults(run=explain.run)
 

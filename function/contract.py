@@ -14,6 +14,7 @@ MUTATE_PATHS: Final = ("/mutate", "/")
 """The apiserver posts AdmissionReviews here (the webhook uses /mutate; / is an alias)."""
 WEBHOOK_PATH: Final = "/mutate"
 VALIDATE_PODMUTATIONS_PATH: Final = "/validate/podmutations"
+VALIDATE_GPULEASES_PATH: Final = "/validate/gpuleases"
 """The validating webhook for PodMutation objects (knative/components/pod-mutations)."""
 HEALTHZ_PATH: Final = "/healthz"
 READYZ_PATH: Final = "/readyz"

@@ -28,6 +28,9 @@ and its reconciler has four members (``Reconciler`` below):
   (``after`` seconds: a timer, e.g. the next lease boundary) or ``DONE``; an exception is logged,
   counted (``castslice_control_reconcile_errors_total``) and retried with backoff.
 
+Optional: ``register(registry)``, to put the reconciler's own metrics on the process's
+``/metrics`` (called once, when the runner is built).
+
 Only the leader reconciles; every replica keeps its watches running, so a new leader starts with
 a warm view and does one full pass (``keys``) before anything else.
 """

@@ -237,6 +237,10 @@ class Runner:
         self.reconcilers = tuple(reconcilers)
         self.metrics = ControlMetrics(registry)
         self.metrics.is_leader.set(0)
+        for reconciler in self.reconcilers:
+            register = getattr(reconciler, "register", None)
+            if callable(register):  # optional: a reconciler's own metrics, on the process's /metrics
+                register(registry)
         self._snapshot, self._now, self._clock = snapshot, now, clock
         self._stop_timeout = stop_timeout
         self._lock = threading.Lock()

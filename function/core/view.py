@@ -221,6 +221,11 @@ class WatchSpec:
     """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups."""
     field_selector: str = ""
     """A server-side filter for the list and the watch (objects leaving it arrive as DELETED)."""
+    label_selector: str = ""
+    """A server-side label filter (``castops.io/gpu-lease``: only charged Pods), same semantics."""
+    tally: Callable[[Record], tuple[int, ...]] | None = None
+    """With ``group_by``: numbers per record the index keeps summed per group (``View.tally``), so
+    a group's total is O(1) to read and O(log n) to keep (GPU lease use, not a walk of its Pods)."""
     rbac_verbs: tuple[str, ...] = ("list", "watch")
     """What the edge does with this resource: list, then watch. No ``get``: nothing reads one
     object by name, and the manifests grant exactly what is used."""
@@ -332,6 +337,8 @@ class IndexState:
     records: immutables.Map[str, Record] = EMPTY_MAP
     groups: immutables.Map[str, immutables.Map[str, Record]] = EMPTY_MAP
     synced: bool = False
+    tallies: immutables.Map[str, tuple[int, ...]] = EMPTY_MAP
+    """group key -> the element-wise sum of the spec's ``tally`` over the group's records."""
 
     @classmethod
     def build(
@@ -342,42 +349,77 @@ class IndexState:
         by_uid: dict[str, Record] = {}
         grouped: dict[str, dict[str, Record]] = {}
         group_by = spec.group_by if spec is not None else None
+        tally = spec.tally if spec is not None else None
         pairs = records.items() if isinstance(records, Mapping) else ((record_key(r), r) for r in records)
         for uid, record in pairs:
             by_uid[uid] = record
             if group_by is not None:
                 grouped.setdefault(group_by(record), {})[uid] = record
+        sums: dict[str, tuple[int, ...]] = {}
+        if tally is not None:
+            for key, members in grouped.items():
+                for record in members.values():
+                    sums[key] = _added(sums.get(key, ()), tally(record), 1)
         return cls(
             immutables.Map(by_uid),
             immutables.Map({key: immutables.Map(members) for key, members in grouped.items()}),
             synced,
+            immutables.Map(sums),
         )
 
-    def put(self, uid: str, record: Record, group_by: Callable[[Record], str] | None) -> IndexState:
+    def put(
+        self,
+        uid: str,
+        record: Record,
+        group_by: Callable[[Record], str] | None,
+        tally: Callable[[Record], tuple[int, ...]] | None = None,
+    ) -> IndexState:
         """This index with ``record`` added or replaced under ``uid``: O(log n), sharing the rest."""
-        state = self._without(uid, group_by) if uid in self.records else self
-        groups = state.groups
+        state = self._without(uid, group_by, tally) if uid in self.records else self
+        groups, tallies = state.groups, state.tallies
         if group_by is not None:
             key = group_by(record)
             groups = groups.set(key, groups.get(key, EMPTY_MAP).set(uid, record))
-        return IndexState(state.records.set(uid, record), groups, self.synced)
+            if tally is not None:
+                tallies = tallies.set(key, _added(tallies.get(key, ()), tally(record), 1))
+        return IndexState(state.records.set(uid, record), groups, self.synced, tallies)
 
-    def remove(self, uid: str, group_by: Callable[[Record], str] | None) -> IndexState:
-        return self._without(uid, group_by) if uid in self.records else self
+    def remove(
+        self,
+        uid: str,
+        group_by: Callable[[Record], str] | None,
+        tally: Callable[[Record], tuple[int, ...]] | None = None,
+    ) -> IndexState:
+        return self._without(uid, group_by, tally) if uid in self.records else self
 
-    def _without(self, uid: str, group_by: Callable[[Record], str] | None) -> IndexState:
+    def _without(
+        self,
+        uid: str,
+        group_by: Callable[[Record], str] | None,
+        tally: Callable[[Record], tuple[int, ...]] | None = None,
+    ) -> IndexState:
         old = self.records[uid]
-        groups = self.groups
+        groups, tallies = self.groups, self.tallies
         if group_by is not None:
             key = group_by(old)
             members = groups.get(key, EMPTY_MAP)
             if uid in members:
                 members = members.delete(uid)
                 groups = groups.set(key, members) if members else groups.delete(key)
-        return IndexState(self.records.delete(uid), groups, self.synced)
+                if tally is not None:
+                    left = _added(tallies.get(key, ()), tally(old), -1)
+                    tallies = tallies.set(key, left) if members else tallies.delete(key)
+        return IndexState(self.records.delete(uid), groups, self.synced, tallies)
 
     def marked_synced(self) -> IndexState:
-        return IndexState(self.records, self.groups, True)
+        return IndexState(self.records, self.groups, True, self.tallies)
+
+
+def _added(total: tuple[int, ...], values: tuple[int, ...], sign: int) -> tuple[int, ...]:
+    """``total + sign * values`` element-wise (the shorter padded with zeros)."""
+    width = max(len(total), len(values))
+    padded = total + (0,) * (width - len(total))
+    return tuple(a + sign * (values[i] if i < len(values) else 0) for i, a in enumerate(padded))
 
 
 def record_key(record: Record) -> str:
@@ -413,6 +455,12 @@ class View:
     def synced(self, name: str) -> bool:
         state = self._indices.get(name)
         return state is not None and state.synced
+
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        """The sums the index's spec keeps for group ``key`` (() when none)."""
+        state = self._indices.get(name)
+        sums = state.tallies.get(key) if state is not None else None
+        return sums if sums else ()
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._indices)

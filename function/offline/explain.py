@@ -1,6 +1,6 @@
 """``castslice explain``: which PodMutations match each Pod of a manifest, their rank, the winner,
 and what the winner would change; with ``gpuSlicing.backend: dra``, also the claim and the
-ResourceClaimTemplate GPU slicing gives the Pod."""
+ResourceClaimTemplate GPU slicing gives the Pod; with ``--cluster``, the GPU lease arithmetic."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from typing import Any
 
 import yaml
 
-from function.core.config import Config, ConfigError
+from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
+from function.core.view import PODS, REPLICASETS, StateFileError, load_state
 from function.offline.config import config_from
+from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
+from function.offline.leases import lease_lines
 from function.offline.mutations import documents_from
 from function.offline.podmutations import explain, load, pod_of
 
@@ -29,13 +32,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         documents = _read_documents(args.filename)
         extra = documents_from(args.mutations)
+        config = config_from(args.config)
+        cluster = (
+            load_state(args.cluster, (*(watches_for(config) or (PODS, REPLICASETS)), *LEASE_STATE_SPECS))
+            if args.cluster
+            else None
+        )
     except (OSError, yaml.YAMLError) as error:
         print(f"castslice explain: cannot read {args.filename}: {error}", file=sys.stderr)
         return 2
-    try:
-        config = config_from(args.config)
     except ConfigError as error:
         print(error, file=sys.stderr)
+        return 2
+    except StateFileError as error:
+        print(f"castslice explain: {error}", file=sys.stderr)
         return 2
     claims = _claim_teller(config)
     loaded = load([*documents, *extra])
@@ -47,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             continue
         metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
         namespace = str((metadata or {}).get("namespace") or args.namespace)
+        if cluster is not None:
+            print(f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}:")
+            for line in lease_lines(config, found[0], namespace, cluster):
+                print(line)
         result = explain(found[0], namespace, loaded.valid)
         w = result.workload
         print(

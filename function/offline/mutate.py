@@ -23,6 +23,8 @@ from function.core.view import (
     load_state,
 )
 from function.offline.config import config_from
+from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
+from function.offline.leases import with_gpu_leases
 from function.offline.manifests import ObjectResult, mutate_chunk
 from function.offline.mutations import documents_from
 from function.offline.podmutations import WithMutations, is_mutation_document, load
@@ -105,7 +107,7 @@ def _cluster_from(path: str | None, config: Config) -> ClusterView:
     yaml`` printed, read as the webhook's watches would keep it. None: no state (EMPTY_VIEW)."""
     if path is None:
         return EMPTY_VIEW
-    return load_state(path, watches_for(config) or (PODS, REPLICASETS))
+    return load_state(path, (*(watches_for(config) or (PODS, REPLICASETS)), *LEASE_STATE_SPECS))
 
 
 def _with_podmutations(
@@ -185,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     # PodMutation documents in the input or in --mutations: the view the webhook would have.
     documents = [chunk.tree for _, chunks in loaded for chunk in chunks if not chunk.empty]
     config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr, cluster)
+    config, cluster = with_gpu_leases(config, cluster)
     engine = Engine(config)
     several = Path(args.filename).is_dir() if args.filename != "-" else False
     results: list[ObjectResult] = []

@@ -13,12 +13,13 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
-from function.admission.review import Admission
+from function.admission.review import Admission, DecisionRecorder
 from function.audit.recorder import AuditRecorder, build_recorder
 from function.core.config import Config, load_config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
 from function.serve.http_api import WebhookHttp
+from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
 from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
 from function.serve.watch import ClusterWatcher, Transport, kube_transport
 
@@ -81,9 +82,18 @@ def build_webhook_and_recorder(
     # Spot placement: this process's recent decisions join each snapshot until the view shows them.
     # One review at a time from snapshot to record, so concurrent siblings see each other.
     ledger = ledger_for(config)
-    turns = DecisionTurns() if ledger is not None else None
-    decisions = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
-    admission = Admission(engine, decisions, cluster=with_ledger(snapshot, ledger, turns))
+    # GPU leases: this process's recent charges and the time join each snapshot, under the same
+    # turns (one review at a time from snapshot to record), so one process never over-charges.
+    lease_ledger = lease_ledger_for(config)
+    turns = DecisionTurns() if ledger is not None or lease_ledger is not None else None
+    decisions: DecisionRecorder = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
+    cluster = with_ledger(snapshot, ledger, turns)
+    if config.section("gpuLeases").enabled:
+        if lease_ledger is not None:
+            # The spot recorder (inner) ends the turn when there is one; else this one does.
+            decisions = LeaseLedgerRecorder(decisions, lease_ledger, turns if ledger is None else None)
+        cluster = with_lease_ledger(cluster, lease_ledger, turns if ledger is None else None)
+    admission = Admission(engine, decisions, cluster=cluster)
 
     def ready() -> bool:
         # Not ready until every watch an enabled mutator needs has listed once: a decision over a

@@ -22,6 +22,7 @@ from function.contract import (
     METRICS_PATH,
     MUTATE_PATHS,
     READYZ_PATH,
+    VALIDATE_GPULEASES_PATH,
     VALIDATE_PODMUTATIONS_PATH,
 )
 from function.core.engine import Decision
@@ -83,6 +84,10 @@ class WebhookHttp:
             if method != "POST":
                 return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
             return TOO_LARGE if body is None else self.validate_podmutation(body)
+        if path == VALIDATE_GPULEASES_PATH:
+            if method != "POST":
+                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
+            return TOO_LARGE if body is None else self.validate_gpulease(body)
         if path in (HEALTHZ_PATH, READYZ_PATH, METRICS_PATH):
             if method not in ("GET", "HEAD"):
                 return problem(405, f"{method} not allowed on {path}: use GET", {"Allow": "GET, HEAD"})
@@ -119,6 +124,16 @@ class WebhookHttp:
             return problem(400, str(bad))
         answer = self.admission.review(review)
         return json_reply(200, answer.review(review.apiVersion))
+
+    def validate_gpulease(self, body: bytes) -> HttpReply:
+        from function.admission.gpuleases import review_gpulease
+
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad GpuLease validation request: %s", bad)
+            return problem(400, str(bad))
+        return json_reply(200, review_gpulease(review).review(review.apiVersion))
 
     def validate_podmutation(self, body: bytes) -> HttpReply:
         from function.admission.podmutations import review_podmutation

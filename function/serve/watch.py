@@ -216,7 +216,7 @@ class ClusterWatcher:
             self._lists_done = {spec.index: 0 for spec in self.specs}
             with self._publish_lock:  # the parent's state, as of the fork: served, but not synced
                 self._published = {
-                    name: IndexState(state.records, state.groups, False)
+                    name: IndexState(state.records, state.groups, False, state.tallies)
                     for name, state in self._published.items()
                 }
             for spec in self.specs:
@@ -296,6 +296,8 @@ class ClusterWatcher:
     def _get(self, spec: WatchSpec, verb: str, query: dict[str, str], read_timeout: float) -> Response:
         if spec.field_selector:
             query["fieldSelector"] = spec.field_selector
+        if spec.label_selector:
+            query["labelSelector"] = spec.label_selector
         accept = (
             (LIST_ACCEPT_METADATA if verb == "list" else WATCH_ACCEPT_METADATA)
             if spec.metadata_only
@@ -409,9 +411,9 @@ class ClusterWatcher:
         record = spec.slim(obj) if kind in ("ADDED", "MODIFIED") else None
         before = self._published[spec.index].records.get(key)
         if record is None:  # DELETED, or an object the spec no longer keeps (a finished Pod)
-            self._publish(spec.index, lambda old: old.remove(key, spec.group_by))
+            self._publish(spec.index, lambda old: old.remove(key, spec.group_by, spec.tally))
         else:
-            self._publish(spec.index, lambda old: old.put(key, record, spec.group_by))
+            self._publish(spec.index, lambda old: old.put(key, record, spec.group_by, spec.tally))
         if before is not None or record is not None:
             self._tell(spec.index, before, record)
         return new_version

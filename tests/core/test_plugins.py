@@ -41,7 +41,7 @@ OPTED_IN_GPU_POD: dict[str, Any] = {
 
 # -- the registry ----------------------------------------------------------------------------------
 def test_plugins_are_ordered_and_each_has_its_own_config_section() -> None:
-    assert [p.name for p in PLUGINS] == ["gpu-slicing", "vgpu", "pod-mutations", "spot"]
+    assert [p.name for p in PLUGINS] == ["gpu-slicing", "vgpu", "pod-mutations", "gpu-leases", "spot"]
     assert [p.order for p in PLUGINS] == sorted(p.order for p in PLUGINS)
     config = Config()
     for plugin in PLUGINS:

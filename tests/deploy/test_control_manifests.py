@@ -6,7 +6,6 @@ reconcilers watch and write (``control_rbac_rules``), with the Lease limited to 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from function import contract
 from function.control.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
 from function.control.process import DEFAULT_LEASE_NAME, build_reconcilers
 from function.control.reconciler import LEADER_ELECTION, control_rbac_rules
-from function.core.config import load_config_file
+from function.core.config import parse_config
 from tests.control.fake_api import FakeApi
 from tests.manifests_support import (
     KNATIVE_DIR,
@@ -121,20 +120,20 @@ def bound_rules(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return rules
 
 
-def shipped_config(objs: list[dict[str, Any]], tmp_path: Path) -> Any:
+def served_config(objs: list[dict[str, Any]]) -> Any:
+    """The shipped configuration with what the controller serves switched on (gpuLeases)."""
     (config_map,) = [cm for cm in by_kind(objs, "ConfigMap", "") if "config.yaml" in cm.get("data", {})]
-    path = tmp_path / "config.yaml"
-    path.write_text(config_map["data"]["config.yaml"], encoding="utf-8")
-    return load_config_file(path)
+    data = yaml.safe_load(config_map["data"]["config.yaml"])
+    data["gpuLeases"] = {**(data.get("gpuLeases") or {}), "enabled": True}
+    return parse_config(data)
 
 
-def test_cluster_rules_equal_what_the_enabled_reconcilers_watch_and_write(
-    objs: list[dict[str, Any]], tmp_path: Path
-) -> None:
-    reconcilers = build_reconcilers(shipped_config(objs, tmp_path), FakeApi())
+def test_cluster_rules_equal_what_the_reconcilers_watch_and_write(objs: list[dict[str, Any]]) -> None:
+    reconcilers = build_reconcilers(served_config(objs), FakeApi())
+    assert [r.name for r in reconcilers] == ["gpu-leases"]
     assert bound_rules(objs, "ClusterRoleBinding") == control_rbac_rules(reconcilers), (
         "knative/components/controller/rbac.yaml must grant exactly control_rbac_rules of the "
-        "reconcilers the shipped configuration enables"
+        "reconcilers it runs"
     )
 
 

@@ -57,6 +57,7 @@ CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
 # Namespaces for a spot namespaceSelector term, beside cluster-view (tests/test_view_manifests.py).
 CLUSTER_VIEW_NAMESPACES = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 CONTROLLER = KNATIVE_DIR / "components" / "controller"
+GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
 # PodMutation policies (CRD, validating webhook, RBAC) and the RBAC to read CAST AI's objects.
 PODMUTATION_COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
@@ -152,7 +153,15 @@ def test_layout_is_a_base_four_overlays_and_the_components():
     # overlay includes only when its configuration enables a mutator that watches the cluster.
     # controller: `castslice control` (tests/deploy/test_control_manifests.py).
     assert component_dirs() == sorted(
-        (SETTINGS, EVENTING, CLUSTER_VIEW, CLUSTER_VIEW_NAMESPACES, CONTROLLER, *PODMUTATION_COMPONENTS)
+        (
+            SETTINGS,
+            EVENTING,
+            CLUSTER_VIEW,
+            CLUSTER_VIEW_NAMESPACES,
+            CONTROLLER,
+            GPU_LEASES,
+            *PODMUTATION_COMPONENTS,
+        )
     )
 
 

@@ -5,5 +5,6 @@ here. Each plug-in decides from the configuration whether it runs."""
 from __future__ import annotations
 
 from function.control.reconciler import ReconcilerPlugin
+from function.control.reconcilers import gpu_leases
 
-PLUGINS: tuple[ReconcilerPlugin, ...] = ()
+PLUGINS: tuple[ReconcilerPlugin, ...] = (gpu_leases.PLUGIN,)

@@ -6,11 +6,12 @@ plug-in, keyed by its ``config_key``.
 
 from __future__ import annotations
 
-from function.core.mutators import gpu_slicing, pod_mutations, spot, vgpu
+from function.core.mutators import gpu_leases, gpu_slicing, pod_mutations, spot, vgpu
 from function.core.mutators.registry import MutatorPlugin
 
 PLUGINS: tuple[MutatorPlugin, ...] = tuple(
     sorted(
-        (gpu_slicing.PLUGIN, vgpu.PLUGIN, pod_mutations.PLUGIN, spot.PLUGIN), key=lambda plugin: plugin.order
+        (gpu_slicing.PLUGIN, vgpu.PLUGIN, pod_mutations.PLUGIN, gpu_leases.PLUGIN, spot.PLUGIN),
+        key=lambda plugin: plugin.order,
     )
 )

@@ -1,0 +1,624 @@
+"""GPU leases: the GpuLease object, its validation, what a Pod is charged, and the lease arithmetic.
+
+Pure: no clock (the time comes with the view), no I/O. Shared by the webhook's ``gpuLeases``
+mutator, the controller's lease reconciler and the offline commands, so all three count alike.
+
+The unit is the milli-GPU (an int): a whole GPU is 1000, a time slice 1000 / replicas of its model
+(rounded up), a MIG profile ``<g>g.<mem>gb`` g/7 of a GPU, a vGPU share ``count x max(memory %,
+cores %)``. A Pod's charge is what the scheduler would reserve: ``max(sum(app) + sum(sidecars),
+max over init containers of (init + sidecars started before it))``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from function.core.quantity import QuantityError, parse_quantity
+from function.core.view import WatchSpec, controller_of
+
+GROUP, VERSION, PLURAL, KIND = "castops.io", "v1alpha1", "gpuleases", "GpuLease"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+LEASE_LABEL = "castops.io/gpu-lease"
+"""On a Pod the webhook charged: the name of its lease (the Pod watch selects on it)."""
+CHOICE_ANNOTATION = "castops.io/gpu-lease"
+"""Set by the user on a Pod (or its template): the lease to charge it to, by name."""
+STATE_LABEL = "castops.io/gpu-lease-state"
+"""``charged`` (counts as used), ``queued`` (gated: counts as queued), ``overflow`` (beyond the lease,
+on spot: counts apart), ``audit`` (admitted by an Audit lease beyond its count: counts as used)."""
+CHARGE_ANNOTATION = "castops.io/gpu-lease-charge"
+"""The Pod's charge in milli-GPU, as a quantity: ``1000m`` for one whole GPU."""
+DECISION_ANNOTATION = "castops.io/gpu-lease-decision"
+"""The admission uid that charged the Pod: the webhook's ledger matches its own decisions by it."""
+PRIORITY_ANNOTATION = "castops.io/gpu-lease-priority"
+"""The Pod's spec.priority at admission (queued Pods are started by priority, then age)."""
+GATE = "castops.io/gpu-lease"
+"""The scheduling gate of a queued Pod; the controller removes it when the Pod fits the lease."""
+FINALIZER = "castops.io/gpu-lease-release"
+
+CHARGED, QUEUED, OVERFLOW, AUDIT = "charged", "queued", "overflow", "audit"
+STATES = (CHARGED, QUEUED, OVERFLOW, AUDIT)
+
+
+class Enforcement(StrEnum):
+    Deny = "Deny"
+    Queue = "Queue"
+    Audit = "Audit"
+
+
+class Overflow(StrEnum):
+    none = "None"
+    Preemptible = "Preemptible"
+
+
+class ExpiryAction(StrEnum):
+    StopAdmitting = "StopAdmitting"
+    Evict = "Evict"
+
+
+class Phase(StrEnum):
+    Pending = "Pending"
+    Active = "Active"
+    Expired = "Expired"
+    Released = "Released"
+
+
+# -- label selectors ------------------------------------------------------------------------------
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+class Requirement(NamedTuple):
+    key: str
+    operator: str
+    values: frozenset[str]
+
+
+def selector_problems(selector: Any, where: str) -> list[str]:
+    """A metav1.LabelSelector's problems, each naming its field."""
+    if selector is None:
+        return []
+    if not isinstance(selector, Mapping):
+        return [f"{where}: must be a label selector (matchLabels, matchExpressions)"]
+    problems = [
+        f"{where}.{key}: unknown field" for key in selector if key not in ("matchLabels", "matchExpressions")
+    ]
+    labels = selector.get("matchLabels")
+    if labels is not None and (
+        not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values())
+    ):
+        problems.append(f"{where}.matchLabels: must map label keys to string values")
+    expressions = selector.get("matchExpressions")
+    if expressions is None:
+        return problems
+    if not isinstance(expressions, list):
+        return [*problems, f"{where}.matchExpressions: must be a list"]
+    for index, expression in enumerate(expressions):
+        at = f"{where}.matchExpressions[{index}]"
+        if not isinstance(expression, Mapping) or not isinstance(expression.get("key"), str):
+            problems.append(f"{at}: needs a key")
+            continue
+        operator, values = expression.get("operator"), expression.get("values")
+        if operator not in SELECTOR_OPERATORS:
+            problems.append(f"{at}.operator: {operator!r} is not one of {', '.join(SELECTOR_OPERATORS)}")
+        elif operator in ("In", "NotIn") and (not isinstance(values, list) or not values):
+            problems.append(f"{at}.values: {operator} needs at least one value")
+        elif operator in ("Exists", "DoesNotExist") and values:
+            problems.append(f"{at}.values: {operator} takes no values")
+    return problems
+
+
+def compile_selector(selector: Any) -> tuple[Requirement, ...]:
+    """A valid selector as requirements (matchLabels become In of one value); None/{}: all Pods."""
+    if not isinstance(selector, Mapping):
+        return ()
+    found = [
+        Requirement(str(k), "In", frozenset((str(v),)))
+        for k, v in (selector.get("matchLabels") or {}).items()
+    ]
+    for expression in selector.get("matchExpressions") or ():
+        values = frozenset(str(v) for v in expression.get("values") or ())
+        found.append(Requirement(str(expression["key"]), str(expression["operator"]), values))
+    return tuple(found)
+
+
+def selects(requirements: Iterable[Requirement], labels: Mapping[str, Any]) -> bool:
+    for key, operator, values in requirements:
+        value = labels.get(key)
+        if operator == "In" and value not in values:
+            return False
+        if operator == "NotIn" and value in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+# -- the GpuLease object --------------------------------------------------------------------------
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?\Z")
+SPEC_FIELDS = (
+    "gpuModel",
+    "count",
+    "window",
+    "duration",
+    "podSelector",
+    "priority",
+    "enforcement",
+    "overflow",
+    "onExpiry",
+)
+DEFAULT_GRACE_SECONDS = 300
+
+
+def parse_time(raw: Any) -> datetime | None:
+    """An RFC 3339 date-time (``2026-11-27T18:00:00Z``) as an aware UTC datetime; None if invalid."""
+    if not isinstance(raw, str) or "T" not in raw.upper():
+        return None
+    try:
+        moment = datetime.fromisoformat(raw.replace("z", "Z"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return moment.astimezone(UTC)
+
+
+def parse_duration(raw: Any) -> timedelta | None:
+    """``72h``, ``8h30m``, ``90m``, ``45s``: hours, minutes, seconds (Go's form, whole units)."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    match = _DURATION.match(raw)
+    if match is None:
+        return None
+    seconds = int(match["h"] or 0) * 3600 + int(match["m"] or 0) * 60 + int(match["s"] or 0)
+    return timedelta(seconds=seconds) if seconds > 0 else None
+
+
+def parse_count(raw: Any) -> int | None:
+    """GPU-equivalents (``8``, ``0.5``, ``"2500m"``) -> milli-GPU; None when not a positive amount
+    with at most milli precision."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, float):
+        raw = repr(raw)
+    try:
+        value = Fraction(parse_quantity(raw))
+    except QuantityError:
+        return None
+    milli = value * 1000
+    if milli <= 0 or milli.denominator != 1 or milli > 10**12:
+        return None
+    return int(milli)
+
+
+def lease_problems(obj: Any) -> list[str]:
+    """Every invalid field of a GpuLease, each named (what the CRD schema and CEL cannot check
+    is checked here too, so a lease that skipped the schema is refused alike)."""
+    if not isinstance(obj, Mapping):
+        return ["not an object"]
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return ["spec: required (gpuModel and count at least)"]
+    problems = [
+        f"spec.{key}: unknown field (known: {', '.join(SPEC_FIELDS)})"
+        for key in spec
+        if key not in SPEC_FIELDS
+    ]
+    model = spec.get("gpuModel")
+    if not isinstance(model, str) or not model:
+        problems.append(
+            "spec.gpuModel: required, the value of the GPU model node label (e.g. NVIDIA-H100-80GB-HBM3)"
+        )
+    elif len(model) > 63 or not _LABEL_VALUE.match(model):
+        problems.append(
+            f"spec.gpuModel: {model[:70]!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ .)"
+        )
+    if "count" not in spec:
+        problems.append("spec.count: required, the GPU-equivalents leased (e.g. 8, or 0.5)")
+    elif parse_count(spec.get("count")) is None:
+        problems.append(f"spec.count: {spec.get('count')!r} is not a positive amount with at most 3 decimals")
+    window = spec.get("window")
+    start = end = None
+    if window is not None:
+        if not isinstance(window, Mapping):
+            problems.append("spec.window: must be an object with start and/or end")
+        else:
+            problems.extend(
+                f"spec.window.{key}: unknown field (known: start, end)"
+                for key in window
+                if key not in ("start", "end")
+            )
+            for key in ("start", "end"):
+                if key in window and parse_time(window[key]) is None:
+                    problems.append(
+                        f"spec.window.{key}: {window[key]!r} is not an RFC 3339 date-time "
+                        "(2026-11-27T18:00:00Z)"
+                    )
+            start, end = parse_time(window.get("start")), parse_time(window.get("end"))
+            if start is not None and end is not None and end <= start:
+                problems.append("spec.window.end: must be after spec.window.start")
+    if "duration" in spec:
+        if parse_duration(spec["duration"]) is None:
+            problems.append(
+                f"spec.duration: {spec['duration']!r} is not a positive duration (72h, 8h30m, 90m)"
+            )
+        if isinstance(window, Mapping) and "end" in window:
+            problems.append("spec.duration: give spec.window.end or spec.duration, not both")
+    problems.extend(selector_problems(spec.get("podSelector"), "spec.podSelector"))
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        problems.append(f"spec.priority: {priority!r} is not a whole number")
+    for key, kind in (("enforcement", Enforcement), ("overflow", Overflow)):
+        if key in spec and spec[key] not in {e.value for e in kind}:
+            problems.append(f"spec.{key}: {spec[key]!r} is not one of {', '.join(e.value for e in kind)}")
+    expiry = spec.get("onExpiry")
+    if expiry is not None:
+        if not isinstance(expiry, Mapping):
+            problems.append("spec.onExpiry: must be an object (action, gracePeriodSeconds)")
+        else:
+            problems.extend(
+                f"spec.onExpiry.{key}: unknown field (known: action, gracePeriodSeconds)"
+                for key in expiry
+                if key not in ("action", "gracePeriodSeconds")
+            )
+            if "action" in expiry and expiry["action"] not in {e.value for e in ExpiryAction}:
+                problems.append(
+                    f"spec.onExpiry.action: {expiry['action']!r} is not one of StopAdmitting, Evict"
+                )
+            grace = expiry.get("gracePeriodSeconds")
+            if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
+                problems.append(f"spec.onExpiry.gracePeriodSeconds: {grace!r} is not a whole number >= 0")
+    return problems
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What the view keeps of a GpuLease (slim: no status, no managed fields)."""
+
+    namespace: str
+    name: str
+    uid: str
+    model: str
+    count: int
+    """milli-GPU."""
+    created: datetime | None
+    start: datetime | None
+    """The window's start: spec.window.start, else the creation time."""
+    end: datetime | None
+    """spec.window.end, else start + spec.duration; None: open-ended."""
+    selector: tuple[Requirement, ...] = ()
+    priority: int = 0
+    enforcement: Enforcement = Enforcement.Deny
+    overflow: Overflow = Overflow.none
+    on_expiry: ExpiryAction = ExpiryAction.StopAdmitting
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+    deleting: bool = False
+    finalized: bool = False
+    """Our finalizer is on it (the controller added it)."""
+    generation: int = 0
+    problems: tuple[str, ...] = ()
+    """Invalid fields (a lease that skipped validation): nothing is charged to it."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def phase(self, now: datetime) -> Phase:
+        if self.deleting:
+            return Phase.Released
+        if self.start is not None and now < self.start:
+            return Phase.Pending
+        if self.end is not None and now >= self.end:
+            return Phase.Expired
+        return Phase.Active
+
+    def matches(self, labels: Mapping[str, Any]) -> bool:
+        return selects(self.selector, labels)
+
+
+def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    uid = metadata.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return None
+    problems = tuple(lease_problems(obj))
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    created = parse_time(metadata.get("creationTimestamp"))
+    window = spec.get("window") if isinstance(spec.get("window"), Mapping) else {}
+    assert isinstance(window, Mapping)
+    start = parse_time(window.get("start")) or created
+    end = parse_time(window.get("end"))
+    duration = parse_duration(spec.get("duration"))
+    if end is None and duration is not None and start is not None:
+        end = start + duration
+    expiry = spec.get("onExpiry") if isinstance(spec.get("onExpiry"), Mapping) else {}
+    assert isinstance(expiry, Mapping)
+    finalizers = metadata.get("finalizers")
+    generation = metadata.get("generation")
+    return Lease(
+        namespace=sys.intern(str(metadata.get("namespace") or "")),
+        name=str(metadata.get("name") or ""),
+        uid=uid,
+        model=str(spec.get("gpuModel") or ""),
+        count=parse_count(spec.get("count")) or 0,
+        created=created,
+        start=start,
+        end=end,
+        selector=compile_selector(spec.get("podSelector")) if not problems else (),
+        priority=_int(spec.get("priority"), 0),
+        enforcement=_enum(Enforcement, spec.get("enforcement"), Enforcement.Deny),
+        overflow=_enum(Overflow, spec.get("overflow"), Overflow.none),
+        on_expiry=_enum(ExpiryAction, expiry.get("action"), ExpiryAction.StopAdmitting),
+        grace_seconds=_int(expiry.get("gracePeriodSeconds"), DEFAULT_GRACE_SECONDS),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        finalized=isinstance(finalizers, list) and FINALIZER in finalizers,
+        generation=generation if isinstance(generation, int) else 0,
+        problems=problems,
+    )
+
+
+def _int(raw: Any, default: int) -> int:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else default
+
+
+def _enum(kind: Any, raw: Any, default: Any) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        return default
+
+
+def namespace_of_lease(lease: Any) -> str:
+    return lease.namespace if isinstance(lease, Lease) else ""
+
+
+# -- charged Pods, as the view keeps them --------------------------------------------------------
+class ChargedPod(NamedTuple):
+    """A Pod carrying LEASE_LABEL, from metadata only (about 0.4 KiB held)."""
+
+    namespace: str
+    name: str
+    uid: str
+    lease: str
+    state: str
+    charge: int
+    """milli-GPU."""
+    decision: str
+    priority: int
+    created: str
+    """metadata.creationTimestamp as written (RFC 3339 sorts as text)."""
+    terminating: bool
+    owner_kind: str = ""
+
+    @property
+    def lease_key(self) -> str:
+        return f"{self.namespace}/{self.lease}"
+
+
+def parse_charge(raw: Any) -> int:
+    """CHARGE_ANNOTATION's value -> milli-GPU (0 when missing or not a quantity)."""
+    if not isinstance(raw, str):
+        return 0
+    try:
+        value = Fraction(parse_quantity(raw)) * 1000
+    except QuantityError:
+        return 0
+    return max(math.ceil(value), 0)
+
+
+def charge_text(milli: int) -> str:
+    return f"{milli}m"
+
+
+def slim_charged_pod(obj: Mapping[str, Any]) -> ChargedPod | None:
+    status = obj.get("status")
+    if isinstance(status, Mapping) and status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    uid = metadata.get("uid")
+    labels = metadata.get("labels")
+    if not isinstance(uid, str) or not uid or not isinstance(labels, Mapping):
+        return None
+    lease = labels.get(LEASE_LABEL)
+    if not isinstance(lease, str) or not lease:
+        return None
+    annotations = metadata.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    state = labels.get(STATE_LABEL)
+    priority = annotations.get(PRIORITY_ANNOTATION)
+    try:
+        priority_value = int(priority) if isinstance(priority, str) else 0
+    except ValueError:
+        priority_value = 0
+    return ChargedPod(
+        namespace=sys.intern(str(metadata.get("namespace") or "")),
+        name=str(metadata.get("name") or ""),
+        uid=uid,
+        lease=sys.intern(lease),
+        state=sys.intern(state) if state in STATES else CHARGED,
+        charge=parse_charge(annotations.get(CHARGE_ANNOTATION)),
+        decision=str(annotations.get(DECISION_ANNOTATION) or ""),
+        priority=priority_value,
+        created=str(metadata.get("creationTimestamp") or ""),
+        terminating=metadata.get("deletionTimestamp") is not None,
+        owner_kind=controller_of(metadata).kind,
+    )
+
+
+def charged_pod_key(obj: Mapping[str, Any]) -> str:
+    """The index key: the admission uid of the charge (so the webhook finds its own decisions in
+    O(1)), else the Pod's uid."""
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    annotations = metadata.get("annotations")
+    decision = annotations.get(DECISION_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if isinstance(decision, str) and decision:
+        return decision
+    uid = metadata.get("uid")
+    return uid if isinstance(uid, str) else ""
+
+
+def by_lease(record: Any) -> str:
+    return record.lease_key if isinstance(record, ChargedPod) else ""
+
+
+def tally_charge(record: Any) -> tuple[int, ...]:
+    """(used, queued, overflow) milli-GPU and Pods of one charged Pod, summed per lease by the view."""
+    if not isinstance(record, ChargedPod):
+        return (0, 0, 0, 0)
+    if record.state == QUEUED:
+        return (0, record.charge, 0, 1)
+    if record.state == OVERFLOW:
+        return (0, 0, record.charge, 1)
+    return (record.charge, 0, 0, 1)
+
+
+LEASES = WatchSpec(
+    index="gpuleases",
+    group=GROUP,
+    version=VERSION,
+    plural=PLURAL,
+    kind=KIND,
+    slim=slim_lease,
+    group_by=namespace_of_lease,
+)
+"""GpuLeases, whole (the spec is needed), grouped by namespace."""
+
+CHARGED_PODS = WatchSpec(
+    index="gpu-lease-pods",
+    group="",
+    version="v1",
+    plural="pods",
+    kind="Pod",
+    metadata_only=True,
+    slim=slim_charged_pod,
+    key=charged_pod_key,
+    group_by=by_lease,
+    label_selector=LEASE_LABEL,
+    field_selector="status.phase!=Succeeded,status.phase!=Failed",
+    tally=tally_charge,
+)
+"""Only the Pods charged to a lease (label selector): the watch costs nothing for other Pods.
+Grouped by ``namespace/lease`` with the (used, queued, overflow, pods) sums kept by the view."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    used: int = 0
+    queued: int = 0
+    overflow: int = 0
+    pods: int = 0
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            self.used + other.used,
+            self.queued + other.queued,
+            self.overflow + other.overflow,
+            self.pods + other.pods,
+        )
+
+
+def usage_from(sums: tuple[int, ...]) -> Usage:
+    return Usage(*sums[:4]) if len(sums) >= 4 else Usage()
+
+
+def gpus(milli: int) -> str:
+    """milli-GPU as GPU-equivalents for people: 8, 0.5, 2.125."""
+    whole, rest = divmod(milli, 1000)
+    return str(whole) if not rest else f"{milli / 1000:.3f}".rstrip("0")
+
+
+def until(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "no end"
+
+
+@dataclass(frozen=True)
+class ChargeUnits:
+    """How resources turn into milli-GPU (the ``gpuLeases`` configuration)."""
+
+    whole: tuple[str, ...] = ("nvidia.com/gpu",)
+    shared: str = "nvidia.com/gpu-shared"
+    shared_replicas: int = 8
+    shared_replicas_by_model: Mapping[str, int] = field(default_factory=dict)
+    mig_prefix: str = "nvidia.com/mig-"
+    mig_slices: int = 7
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    cores: str = "nvidia.com/gpucores"
+    memory: str = "nvidia.com/gpumem"
+    memory_mib_by_model: Mapping[str, int] = field(default_factory=dict)
+
+
+_MIG = re.compile(r"^(?P<g>\d+)g\.\d+gb\Z")
+
+
+def _amount(resources: Any, name: str) -> Fraction:
+    if not isinstance(resources, Mapping) or name not in resources:
+        return Fraction(0)
+    try:
+        return Fraction(parse_quantity(resources[name]))
+    except QuantityError:
+        return Fraction(0)
+
+
+def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: str) -> int:
+    """milli-GPU one container asks for (requests, else limits: extended resources have both)."""
+    resources = container.get("resources")
+    resources = resources if isinstance(resources, Mapping) else {}
+    asked: dict[str, Any] = {}
+    for section in ("limits", "requests"):
+        values = resources.get(section)
+        if isinstance(values, Mapping):
+            asked.update(values)
+    total = Fraction(0)
+    share = max(_amount(asked, units.memory_percentage), _amount(asked, units.cores)) / 100
+    memory = _amount(asked, units.memory)
+    model_memory = units.memory_mib_by_model.get(model)
+    if memory and model_memory:
+        share = max(share, Fraction(memory) / model_memory)
+    elif memory:
+        share = Fraction(1)  # memory of an unknown model: a whole GPU, never less than it can hold
+    for name in units.whole:
+        count = _amount(asked, name)
+        total += count * (min(share, Fraction(1)) if share else 1)
+    replicas = units.shared_replicas_by_model.get(model, units.shared_replicas)
+    total += _amount(asked, units.shared) / max(replicas, 1)
+    for name in asked:
+        if isinstance(name, str) and name.startswith(units.mig_prefix):
+            match = _MIG.match(name[len(units.mig_prefix) :])
+            slices = int(match["g"]) if match else units.mig_slices
+            total += _amount(asked, name) * Fraction(min(slices, units.mig_slices), units.mig_slices)
+    return math.ceil(total * 1000)
+
+
+def pod_charge(pod: Mapping[str, Any], units: ChargeUnits, model: str = "") -> int:
+    """The Pod's milli-GPU as the scheduler reserves it: app containers and sidecars together,
+    or the largest init container (with the sidecars started before it), whichever is more."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    app = sum(
+        container_charge(c, units, model) for c in spec.get("containers") or () if isinstance(c, Mapping)
+    )
+    sidecars = 0
+    init_peak = 0
+    for container in spec.get("initContainers") or ():
+        if not isinstance(container, Mapping):
+            continue
+        charge = container_charge(container, units, model)
+        if container.get("restartPolicy") == "Always":
+            sidecars += charge
+        else:
+            init_peak = max(init_peak, charge + sidecars)
+    return max(app + sidecars, init_peak)

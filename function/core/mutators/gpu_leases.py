@@ -1,0 +1,655 @@
+"""GPU leases at admission (configuration ``gpuLeases``): charge each GPU Pod to a GpuLease of its
+namespace, or refuse it with the lease arithmetic and a remedy.
+
+Runs after slicing, vGPU and PodMutations (it charges what the Pod will really ask for) and before
+spot placement (an overflowing Pod is put on spot here, and spot placement keeps it there).
+
+For each created Pod that asks for GPUs (``function.core.leases.pod_charge``, in milli-GPU):
+
+1. the lease: the one the annotation ``castops.io/gpu-lease`` names, else one of the Pod's GPU
+   model (its nodeSelector or required node affinity on ``modelLabel``), else the namespace's only
+   model (its nodeSelector is then added, so a Pod charged to H100 runs on H100); among several
+   leases of one model, the first in (active, higher priority, older, name) order that fits;
+2. the window: before it ``LeaseNotStarted``, after it ``LeaseExpired`` (``Queue``: gated until the
+   start);
+3. the count: ``used`` (charged Pods the view shows, admitted-but-unscheduled included, plus this
+   process's charges the view does not show yet) + the Pod <= ``count``: ``Charged``; else
+   ``LeaseExhausted`` (or ``ExceedsLease`` when the Pod alone is larger than the lease);
+   ``overflow: Preemptible`` admits beyond the lease on spot (``Overflow``); ``enforcement: Queue``
+   gates every Pod (``Queued``) and the controller starts it when it fits; ``Audit`` admits and warns.
+
+The charge is stamped on the Pod (labels ``castops.io/gpu-lease``, ``castops.io/gpu-lease-state``;
+annotations ``castops.io/gpu-lease-charge``, ``-decision``, ``-priority``) so the metadata-only watch
+and the controller count it. Namespaces without a GpuLease are left alone unless ``requireLease``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from function.core.configtypes import MutatorConfig, PositiveInt, ResourceName, check_resource_name
+from function.core.leases import (
+    AUDIT,
+    CHARGE_ANNOTATION,
+    CHARGED,
+    CHARGED_PODS,
+    CHOICE_ANNOTATION,
+    DECISION_ANNOTATION,
+    GATE,
+    LEASE_LABEL,
+    LEASES,
+    OVERFLOW,
+    PRIORITY_ANNOTATION,
+    QUEUED,
+    STATE_LABEL,
+    ChargeUnits,
+    Enforcement,
+    Lease,
+    Overflow,
+    Phase,
+    Usage,
+    charge_text,
+    gpus,
+    pod_charge,
+    until,
+    usage_from,
+)
+from function.core.mutators.base import MutatorResult, RequestContext
+from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
+from function.core.placement import BUILTIN_SCHEMES, PLACEMENT_LABEL, SPOT, apply_spot_mode
+from function.core.pod import Pod, annotations_of, ensure_map, fit_warning, labels_of
+from function.core.view import ClusterView, WatchSpec
+
+NAME = "gpu-leases"
+LEDGER_INDEX = "gpu-lease-ledger"
+"""The edge's recent charges (this process's), by lease key: ``LedgerCharge`` tuples."""
+
+NO_USAGE = Usage()
+
+REASONS = (
+    "Charged",
+    "LeaseExhausted",
+    "ExceedsLease",
+    "NoMatchingLease",
+    "AmbiguousModel",
+    "LeaseNotStarted",
+    "LeaseExpired",
+    "Queued",
+    "Overflow",
+    "ViewNotReady",
+)
+
+
+@dataclass(frozen=True)
+class LedgerCharge:
+    """One charge this process admitted, until the view shows its Pod (by the decision uid)."""
+
+    decision: str
+    charge: int
+    state: str
+
+
+class GpuLeasesConfig(MutatorConfig):
+    """``gpuLeases``: off by default."""
+
+    modelLabel: str = "nvidia.com/gpu.product"
+    """The node label naming the GPU model (GPU Feature Discovery's); a lease's gpuModel is its value."""
+    wholeResources: tuple[ResourceName, ...] = ("nvidia.com/gpu",)
+    sharedResource: ResourceName = "nvidia.com/gpu-shared"
+    """A time slice: 1/replicas of a GPU of its model (gpuSlicing.targetResource)."""
+    sharedReplicas: PositiveInt = 8
+    sharedReplicasByModel: dict[str, PositiveInt] = Field(default_factory=dict)
+    migResourcePrefix: str = "nvidia.com/mig-"
+    """MIG profiles ``<prefix><g>g.<memory>gb``: g / migSlices of a GPU."""
+    migSlices: PositiveInt = 7
+    memoryPercentageResource: ResourceName = "nvidia.com/gpumem-percentage"
+    coresResource: ResourceName = "nvidia.com/gpucores"
+    memoryResource: ResourceName = "nvidia.com/gpumem"
+    memoryMiBByModel: dict[str, PositiveInt] = Field(default_factory=dict)
+    """A model's memory (MiB), to charge ``nvidia.com/gpumem`` as a share; unknown: a whole GPU."""
+    warnAtPercent: int = Field(default=80, ge=1, le=100)
+    requireLease: bool = False
+    """True: a GPU Pod in a namespace without any GpuLease is refused (NoMatchingLease)."""
+    whenViewNotReady: Literal["deny", "admit"] = "deny"
+    """Before the leases and charged Pods are listed: refuse GPU Pods of leased namespaces (retry
+    in seconds) or admit them uncharged."""
+    overflowSpotScheme: str = "castai"
+    """How spot nodes are marked, for ``overflow: Preemptible`` (castai, karpenter, gke, eks, aks)."""
+    ledgerTTLSeconds: PositiveInt = 60
+
+    @field_validator(
+        "wholeResources", "sharedResource", "memoryPercentageResource", "coresResource", "memoryResource"
+    )
+    @classmethod
+    def _resource_names(cls, value: Any) -> Any:
+        for name in value if isinstance(value, tuple) else (value,):
+            check_resource_name(name)
+        return value
+
+    @field_validator("overflowSpotScheme")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if value not in BUILTIN_SCHEMES:
+            raise ValueError(f"{value!r} is not one of {', '.join(sorted(BUILTIN_SCHEMES))}")
+        return value
+
+    def units(self) -> ChargeUnits:
+        return ChargeUnits(
+            whole=tuple(self.wholeResources),
+            shared=self.sharedResource,
+            shared_replicas=self.sharedReplicas,
+            shared_replicas_by_model=dict(self.sharedReplicasByModel),
+            mig_prefix=self.migResourcePrefix,
+            mig_slices=self.migSlices,
+            memory_percentage=self.memoryPercentageResource,
+            cores=self.coresResource,
+            memory=self.memoryResource,
+            memory_mib_by_model=dict(self.memoryMiBByModel),
+        )
+
+
+# -- what the mutator reads of the view ----------------------------------------------------------
+def namespace_leases(view: ClusterView, namespace: str) -> list[Lease]:
+    return [lease for lease in view.group(LEASES.index, namespace).values() if isinstance(lease, Lease)]
+
+
+def lease_usage(view: ClusterView, lease_key: str) -> Usage:
+    """What the view counts against a lease, plus this process's charges it does not show yet."""
+    tally = getattr(view, "tally", None)
+    if callable(tally):
+        usage = usage_from(tally(CHARGED_PODS.index, lease_key))
+    else:  # a view without sums (a test double): add the group up
+        usage = Usage()
+        for record in view.group(CHARGED_PODS.index, lease_key).values():
+            usage = usage.plus(usage_from(CHARGED_PODS.tally(record) if CHARGED_PODS.tally else ()))
+    shown = view.index(CHARGED_PODS.index)
+    for entry in view.index(LEDGER_INDEX).get(lease_key, ()):
+        if entry.decision in shown:
+            continue
+        if entry.state == QUEUED:
+            usage = usage.plus(Usage(queued=entry.charge, pods=1))
+        elif entry.state == OVERFLOW:
+            usage = usage.plus(Usage(overflow=entry.charge, pods=1))
+        else:
+            usage = usage.plus(Usage(used=entry.charge, pods=1))
+    return usage
+
+
+def now_of(view: ClusterView) -> datetime | None:
+    """The time of the snapshot: the edge (and the offline command) add it to the view."""
+    now = getattr(view, "now", None)
+    return now if isinstance(now, datetime) else None
+
+
+def pod_models(pod: Pod, label: str) -> frozenset[str] | None:
+    """The models the Pod allows itself (nodeSelector, or required node affinity In on the label);
+    None: it does not say."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and isinstance(selector.get(label), str):
+        return frozenset((selector[label],))
+    affinity = spec.get("affinity")
+    node = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, dict) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms:
+        return None
+    allowed: set[str] = set()
+    for term in terms:
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        values = [
+            e.get("values")
+            for e in expressions or ()
+            if isinstance(e, dict) and e.get("key") == label and e.get("operator") == "In"
+        ]
+        if not values or not isinstance(values[0], list):
+            return None  # a term that does not pin the model: any model is possible
+        allowed.update(str(v) for v in values[0])
+    return frozenset(allowed)
+
+
+# -- the decision -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    """The lease arithmetic for one Pod, as the mutator and ``castslice explain`` show it."""
+
+    reason: str
+    message: str
+    lease: Lease | None = None
+    charge: int = 0
+    usage: Usage = NO_USAGE
+    state: str = ""
+    """The stamp (charged, queued, overflow, audit); "" when the Pod is not admitted or not charged."""
+    admit: bool = True
+    inject_model: bool = False
+    warnings: tuple[str, ...] = ()
+
+
+def _order(lease: Lease, now: datetime) -> tuple[int, int, str, str]:
+    active = 0 if lease.phase(now) == Phase.Active else 1
+    created = lease.created.isoformat() if lease.created else ""
+    return (active, -lease.priority, created, lease.name)
+
+
+def _names(leases: Iterable[Lease]) -> str:
+    shown = [f"{lease.name} ({lease.model})" for lease in leases]
+    return ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+
+
+class GpuLeases:
+    name = NAME
+
+    def __init__(self, config: GpuLeasesConfig) -> None:
+        self.config = config
+        self.units = config.units()
+        self.scheme = BUILTIN_SCHEMES[config.overflowSpotScheme]
+
+    def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
+        if ctx.operation != "CREATE":
+            return MutatorResult.unchanged(f"{ctx.operation}: only Pod creation is charged")
+        charged_to = labels_of(pod).get(LEASE_LABEL)
+        if charged_to:
+            return MutatorResult.unchanged(f"already charged to gpu lease {charged_to}")
+        verdict = self.decide(pod, ctx)
+        if verdict is None:
+            return MutatorResult.unchanged("asks for no GPU")
+        if not verdict.admit:
+            return MutatorResult.denied(verdict.message)
+        if not verdict.state or verdict.lease is None:
+            return MutatorResult.unchanged(verdict.message, *verdict.warnings)
+        self.stamp(pod, ctx, verdict)
+        return MutatorResult.mutated(verdict.message, *verdict.warnings)
+
+    # -- deciding --------------------------------------------------------------------------------
+    def decide(self, pod: Pod, ctx: RequestContext) -> Verdict | None:
+        """The lease arithmetic for the Pod; None when it asks for no GPU."""
+        view = ctx.cluster
+        first = self._model_hint(pod)
+        charge = pod_charge(pod, self.units, first)
+        if charge <= 0:
+            return None
+        if not view.available:
+            return Verdict("ViewNotReady", "no cluster state: GPU leases not checked", charge=charge)
+        namespace = ctx.namespace
+        now = now_of(view)
+        if now is None or not (view.synced(LEASES.index) and view.synced(CHARGED_PODS.index)):
+            admit = self.config.whenViewNotReady == "admit"
+            return Verdict(
+                "ViewNotReady",
+                "castslice: ViewNotReady: the GPU leases are not loaded yet; "
+                + ("admitted uncharged" if admit else "retry in a few seconds"),
+                charge=charge,
+                admit=admit,
+            )
+        leases = namespace_leases(view, namespace)
+        if not leases:
+            if self.config.requireLease:
+                return self._refuse(
+                    "NoMatchingLease",
+                    f"namespace {namespace} has no GpuLease and this Pod asks for {gpus(charge)} GPU; "
+                    "remedy: ask your platform team for a GpuLease in this namespace",
+                    charge,
+                )
+            return Verdict(
+                "NoMatchingLease", f"namespace {namespace} has no GpuLease: not charged", charge=charge
+            )
+        chosen = self._choose(pod, leases, now, charge, view)
+        if isinstance(chosen, Verdict):
+            return chosen
+        lease, inject = chosen
+        if lease.model != first:
+            charge = pod_charge(pod, self.units, lease.model)  # the model decides a slice's size
+        return self._judge(lease, charge, lease_usage(view, lease.key), now, inject)
+
+    def _model_hint(self, pod: Pod) -> str:
+        models = pod_models(pod, self.config.modelLabel)
+        return next(iter(models)) if models and len(models) == 1 else ""
+
+    def _refuse(
+        self, reason: str, text: str, charge: int, lease: Lease | None = None, usage: Usage = NO_USAGE
+    ) -> Verdict:
+        return Verdict(reason, f"castslice: {reason}: {text}", lease, charge, usage, admit=False)
+
+    def _choose(
+        self, pod: Pod, leases: list[Lease], now: datetime, charge: int, view: ClusterView
+    ) -> tuple[Lease, bool] | Verdict:
+        namespace = leases[0].namespace
+        labels = labels_of(pod)
+        valid = [lease for lease in leases if not lease.problems]
+        named = annotations_of(pod).get(CHOICE_ANNOTATION)
+        if named is not None:
+            found = [lease for lease in valid if lease.name == named]
+            if not found:
+                return self._refuse(
+                    "NoMatchingLease",
+                    f"annotation {CHOICE_ANNOTATION}={named!r} names no valid GpuLease in namespace "
+                    f"{namespace}; leases here: {_names(valid) or 'none valid'}",
+                    charge,
+                )
+            lease = found[0]
+            if not lease.matches(labels):
+                return self._refuse(
+                    "NoMatchingLease",
+                    f"gpu lease {lease.name} does not select this Pod (its podSelector); "
+                    "remedy: label the Pod as the lease's podSelector asks, or name another lease",
+                    charge,
+                )
+            models = pod_models(pod, self.config.modelLabel)
+            if models is not None and lease.model not in models:
+                return self._refuse(
+                    "NoMatchingLease",
+                    f"gpu lease {lease.name} is for {lease.model}, but the Pod asks for "
+                    f"{', '.join(sorted(models))} ({self.config.modelLabel})",
+                    charge,
+                )
+            return lease, models is None
+        candidates = [lease for lease in valid if lease.matches(labels)]
+        models = pod_models(pod, self.config.modelLabel)
+        if models is not None:
+            of_model = [lease for lease in candidates if lease.model in models]
+            if not of_model:
+                return self._refuse(
+                    "NoMatchingLease",
+                    f"no GpuLease in namespace {namespace} for {', '.join(sorted(models))} selects this Pod; "
+                    f"leases here: {_names(leases)}; remedy: ask for a lease of that model, or use one "
+                    f"of these models ({self.config.modelLabel})",
+                    charge,
+                )
+            return self._best(of_model, now, charge, view), False
+        if not candidates:
+            return self._refuse(
+                "NoMatchingLease",
+                f"no GpuLease in namespace {namespace} selects this Pod (podSelector); leases here: "
+                f"{_names(leases)}",
+                charge,
+            )
+        distinct = sorted({lease.model for lease in candidates})
+        if len(distinct) > 1:
+            return self._refuse(
+                "AmbiguousModel",
+                f"namespace {namespace} leases {', '.join(distinct)} and the Pod names no model; remedy: "
+                f"set nodeSelector {self.config.modelLabel}, or annotation {CHOICE_ANNOTATION}: <lease>",
+                charge,
+            )
+        return self._best(candidates, now, charge, view), True
+
+    def _best(self, leases: list[Lease], now: datetime, charge: int, view: ClusterView) -> Lease:
+        ordered = sorted(leases, key=lambda lease: _order(lease, now))
+        if len(ordered) == 1:
+            return ordered[0]
+        for lease in ordered:
+            if lease.phase(now) == Phase.Active and lease_usage(view, lease.key).used + charge <= lease.count:
+                return lease
+        return ordered[0]
+
+    def _judge(self, lease: Lease, charge: int, usage: Usage, now: datetime, inject: bool) -> Verdict:
+        head = f"gpu lease {lease.name} ({lease.model})"
+        numbers = (
+            f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use, this Pod needs {gpus(charge)}, "
+            f"window ends {until(lease.end)}"
+        )
+        audit = lease.enforcement == Enforcement.Audit
+        phase = lease.phase(now)
+        if phase == Phase.Pending:
+            if lease.enforcement == Enforcement.Queue:
+                return self._admit(
+                    "Queued",
+                    f"{head}: queued until the window starts at {until(lease.start)}",
+                    lease,
+                    charge,
+                    usage,
+                    QUEUED,
+                    inject,
+                )
+            text = f"{head} starts at {until(lease.start)}; remedy: create the Pod then, or enforcement Queue"
+            if audit:
+                return self._admit(
+                    "LeaseNotStarted",
+                    f"{head}: audit: would be refused: LeaseNotStarted",
+                    lease,
+                    charge,
+                    usage,
+                    AUDIT,
+                    inject,
+                    text,
+                )
+            return self._refuse("LeaseNotStarted", text, charge, lease, usage)
+        if phase in (Phase.Expired, Phase.Released):
+            ended = "was deleted" if phase == Phase.Released else f"ended at {until(lease.end)}"
+            text = f"{head} {ended}; remedy: ask for a new lease or an extension of this one"
+            if audit:
+                return self._admit(
+                    "LeaseExpired",
+                    f"{head}: audit: would be refused: LeaseExpired",
+                    lease,
+                    charge,
+                    usage,
+                    AUDIT,
+                    inject,
+                    text,
+                )
+            return self._refuse("LeaseExpired", text, charge, lease, usage)
+        preemptible = lease.overflow == Overflow.Preemptible
+        if charge > lease.count:
+            text = (
+                f"{head}: this Pod needs {gpus(charge)} GPU, more than the whole lease ({gpus(lease.count)});"
+                " remedy: ask for fewer GPUs or a bigger lease"
+            )
+            if preemptible:
+                return self._admit(
+                    "Overflow",
+                    f"{head}: beyond the lease, on spot ({numbers})",
+                    lease,
+                    charge,
+                    usage,
+                    OVERFLOW,
+                    inject,
+                )
+            if audit:
+                return self._admit(
+                    "ExceedsLease",
+                    f"{head}: audit: would be refused: ExceedsLease",
+                    lease,
+                    charge,
+                    usage,
+                    AUDIT,
+                    inject,
+                    text,
+                )
+            return self._refuse("ExceedsLease", text, charge, lease, usage)
+        if lease.enforcement == Enforcement.Queue:
+            return self._admit(
+                "Queued",
+                f"{head}: queued, started by the controller when it fits ({numbers})",
+                lease,
+                charge,
+                usage,
+                QUEUED,
+                inject,
+            )
+        if usage.used + charge <= lease.count:
+            return self._admit(
+                "Charged", f"{head}: charged ({numbers})", lease, charge, usage, CHARGED, inject
+            )
+        if preemptible:
+            return self._admit(
+                "Overflow",
+                f"{head}: beyond the lease, on spot ({numbers})",
+                lease,
+                charge,
+                usage,
+                OVERFLOW,
+                inject,
+            )
+        text = (
+            f"{head}: {numbers}; remedy: wait for a Pod of the lease to finish, ask for a bigger lease, "
+            "or use enforcement Queue"
+        )
+        if audit:
+            return self._admit(
+                "LeaseExhausted",
+                f"{head}: audit: would be refused: LeaseExhausted",
+                lease,
+                charge,
+                usage,
+                AUDIT,
+                inject,
+                text,
+            )
+        return self._refuse("LeaseExhausted", text, charge, lease, usage)
+
+    def _admit(
+        self,
+        reason: str,
+        text: str,
+        lease: Lease,
+        charge: int,
+        usage: Usage,
+        state: str,
+        inject: bool,
+        refusal: str = "",
+    ) -> Verdict:
+        warnings: list[str] = []
+        if refusal:
+            warnings.append(fit_warning(f"castslice: audit lease, would be {reason}: ", refusal)[:120])
+        after = usage.used + (charge if state in (CHARGED, AUDIT) else 0)
+        if state in (CHARGED, AUDIT) and after * 100 >= self.config.warnAtPercent * lease.count:
+            percent = after * 100 // lease.count
+            warnings.append(
+                fit_warning(
+                    f"castslice: gpu lease {lease.name} at {percent}% "
+                    f"({gpus(after)} of {gpus(lease.count)} GPU)",
+                    f", until {until(lease.end)}",
+                )
+            )
+        if state == OVERFLOW:
+            warnings.append(
+                fit_warning(
+                    f"castslice: gpu lease {lease.name} is full",
+                    ": this Pod runs on spot capacity and may be preempted",
+                )
+            )
+        if state == QUEUED:
+            warnings.append(
+                fit_warning(
+                    f"castslice: gpu lease {lease.name}",
+                    ": Pod queued (scheduling gate) until it fits the lease",
+                )
+            )
+        message = f"{reason}: {text}"
+        return Verdict(reason, message, lease, charge, usage, state, True, inject, tuple(warnings))
+
+    # -- stamping --------------------------------------------------------------------------------
+    def stamp(self, pod: Pod, ctx: RequestContext, verdict: Verdict) -> None:
+        lease = verdict.lease
+        assert lease is not None
+        metadata = ensure_map(pod, "metadata")
+        labels = ensure_map(metadata, "labels")
+        labels[LEASE_LABEL] = lease.name
+        labels[STATE_LABEL] = verdict.state
+        annotations = ensure_map(metadata, "annotations")
+        annotations[CHARGE_ANNOTATION] = charge_text(verdict.charge)
+        if ctx.uid:
+            annotations[DECISION_ANNOTATION] = ctx.uid
+        spec = ensure_map(pod, "spec")
+        priority = spec.get("priority")
+        if isinstance(priority, int) and not isinstance(priority, bool) and priority:
+            annotations[PRIORITY_ANNOTATION] = str(priority)
+        if verdict.inject_model:
+            ensure_map(spec, "nodeSelector")[self.config.modelLabel] = lease.model
+        if verdict.state == QUEUED:
+            gates = spec.get("schedulingGates")
+            if not isinstance(gates, list):
+                gates = spec["schedulingGates"] = []
+            if not any(isinstance(g, dict) and g.get("name") == GATE for g in gates):
+                gates.append({"name": GATE})
+        if verdict.state == OVERFLOW:
+            apply_spot_mode(pod, "only-spot", self.scheme)
+            labels[PLACEMENT_LABEL] = SPOT
+
+
+def build(config: GpuLeasesConfig, settings: Settings, neighbours: Neighbours) -> GpuLeases:
+    return GpuLeases(config)
+
+
+def watches(config: GpuLeasesConfig) -> tuple[WatchSpec, ...]:
+    return (LEASES, CHARGED_PODS)
+
+
+PLUGIN = MutatorPlugin(
+    name=NAME,
+    order=280,
+    config_key="gpuLeases",
+    config_model=GpuLeasesConfig,
+    build=build,
+    watches=watches,
+)
+
+
+def ledger_charge(pod: Mapping[str, Any]) -> tuple[str, LedgerCharge] | None:
+    """(lease key, charge) an admitted Pod carries, for the edge's ledger; None if not charged."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None
+    labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
+    annotations = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
+    assert isinstance(labels, Mapping) and isinstance(annotations, Mapping)
+    lease, decision = labels.get(LEASE_LABEL), annotations.get(DECISION_ANNOTATION)
+    namespace = metadata.get("namespace")
+    if (
+        not isinstance(lease, str)
+        or not isinstance(decision, str)
+        or not decision
+        or not isinstance(namespace, str)
+    ):
+        return None
+    from function.core.leases import parse_charge
+
+    state = labels.get(STATE_LABEL)
+    return f"{namespace}/{lease}", LedgerCharge(
+        decision,
+        parse_charge(annotations.get(CHARGE_ANNOTATION)),
+        state if isinstance(state, str) else CHARGED,
+    )
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """A view with the snapshot's time and this process's recent charges (index LEDGER_INDEX):
+    what the edge and the offline command hand the mutator."""
+
+    view: ClusterView
+    now: datetime
+    ledger: Mapping[str, tuple[LedgerCharge, ...]] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        return self.view.available
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        return self.ledger if name == LEDGER_INDEX else self.view.index(name)
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self.view.group(name, key)
+
+    def synced(self, name: str) -> bool:
+        return True if name == LEDGER_INDEX else self.view.synced(name)
+
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        inner = getattr(self.view, "tally", None)
+        if callable(inner):
+            sums: tuple[int, ...] = inner(name, key)
+            return sums
+        spec_tally = CHARGED_PODS.tally if name == CHARGED_PODS.index else None
+        totals = [0, 0, 0, 0]
+        if spec_tally is not None:
+            for record in self.view.group(name, key).values():
+                for i, value in enumerate(spec_tally(record)):
+                    totals[i] += value
+        return tuple(totals)

@@ -1,0 +1,303 @@
+"""The gpuLeases decision over a static view: every reason with its numbers and remedy, the stamp,
+the model's nodeSelector, gates, overflow onto spot, the 80 % warning, and the ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from function.core.leases import (
+    CHARGE_ANNOTATION,
+    CHARGED_PODS,
+    DECISION_ANNOTATION,
+    GATE,
+    LEASE_LABEL,
+    LEASES,
+    STATE_LABEL,
+    slim_charged_pod,
+    slim_lease,
+)
+from function.core.mutators.base import Action, RequestContext
+from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView, LedgerCharge
+from function.core.view import StaticView
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
+MODEL = "nvidia.com/gpu.product"
+
+
+def lease_obj(
+    name: str = "h100", model: str = H100, count: Any = 8, ns: str = "ml", **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "castops.io/v1alpha1",
+        "kind": "GpuLease",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"lease-{ns}-{name}",
+            "creationTimestamp": spec.pop("created", "2026-11-25T00:00:00Z"),
+        },
+        "spec": {"gpuModel": model, "count": count, **spec},
+    }
+
+
+def charged(lease: str, milli: int, n: int, state: str = "charged", ns: str = "ml") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{lease}-{n}",
+            "namespace": ns,
+            "uid": f"pod-{lease}-{n}",
+            "labels": {LEASE_LABEL: lease, STATE_LABEL: state},
+            "annotations": {CHARGE_ANNOTATION: f"{milli}m", DECISION_ANNOTATION: f"d-{lease}-{n}"},
+            "creationTimestamp": "2026-11-25T01:00:00Z",
+        }
+    }
+
+
+def view(
+    leases: list[dict[str, Any]], pods: list[dict[str, Any]] = (), now: datetime = NOW, ledger: Any = None
+) -> LeaseView:
+    static = StaticView(
+        {
+            LEASES.index: {lease["metadata"]["uid"]: slim_lease(lease) for lease in leases},
+            CHARGED_PODS.index: {CHARGED_PODS.key(p): slim_charged_pod(p) for p in pods},
+        },
+        specs=(LEASES, CHARGED_PODS),
+    )
+    return LeaseView(static, now, ledger or {})
+
+
+def pod(
+    gpus: int = 1, resource: str = "nvidia.com/gpu", model: str | None = None, **meta: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "x",
+                "resources": {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}},
+            }
+        ]
+    }
+    if model:
+        spec["nodeSelector"] = {MODEL: model}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "job-", "namespace": "ml", **meta},
+        "spec": spec,
+    }
+
+
+def decide(p: dict[str, Any], v: LeaseView, dry_run: bool = False, **config: Any) -> Any:
+    mutator = GpuLeases(GpuLeasesConfig.model_validate({"enabled": True, **config}))
+    ctx = RequestContext(uid="review-1", namespace="ml", dry_run=dry_run, cluster=v)
+    return mutator.mutate(p, ctx)
+
+
+def test_charged_within_the_lease_with_the_stamp_and_the_models_node_selector() -> None:
+    p = pod(2)
+    result = decide(p, view([lease_obj()], [charged("h100", 1000, i) for i in range(3)]))
+    assert result.action == Action.mutated
+    assert result.reason.startswith("Charged: gpu lease h100")
+    assert "3 of 8 GPU in use, this Pod needs 2" in result.reason
+    assert p["metadata"]["labels"] == {LEASE_LABEL: "h100", STATE_LABEL: "charged"}
+    assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == "2000m"
+    assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"
+    assert p["spec"]["nodeSelector"] == {MODEL: H100}
+    assert result.warnings == ()
+
+
+def test_lease_exhausted_names_the_numbers_the_window_and_a_remedy() -> None:
+    lease = lease_obj(window={"end": "2026-11-27T18:00:00Z"})
+    result = decide(pod(2), view([lease], [charged("h100", 1000, i) for i in range(7)]))
+    assert result.action == Action.denied
+    assert result.reason.startswith("castslice: LeaseExhausted: gpu lease h100 (NVIDIA-H100-80GB-HBM3)")
+    assert "7 of 8 GPU in use, this Pod needs 2, window ends 2026-11-27T18:00:00Z" in result.reason
+    assert "remedy:" in result.reason
+
+
+def test_a_pod_larger_than_the_whole_lease_exceeds_it() -> None:
+    result = decide(pod(9), view([lease_obj()]))
+    assert result.action == Action.denied
+    assert "ExceedsLease" in result.reason and "needs 9 GPU, more than the whole lease (8)" in result.reason
+
+
+def test_another_model_is_not_charged_to_this_lease() -> None:
+    result = decide(pod(1, model=A100), view([lease_obj()]))
+    assert result.action == Action.denied
+    assert (
+        "NoMatchingLease" in result.reason and A100 in result.reason and "h100 (NVIDIA-H100" in result.reason
+    )
+
+
+def test_two_models_and_no_choice_is_ambiguous() -> None:
+    result = decide(pod(1), view([lease_obj(), lease_obj("a100", A100)]))
+    assert result.action == Action.denied
+    assert "AmbiguousModel" in result.reason and f"nodeSelector {MODEL}" in result.reason
+
+
+def test_the_pods_model_picks_among_leases_of_several_models() -> None:
+    p = pod(1, model=A100)
+    result = decide(p, view([lease_obj(), lease_obj("a100", A100)]))
+    assert result.action == Action.mutated and p["metadata"]["labels"][LEASE_LABEL] == "a100"
+    assert p["spec"]["nodeSelector"] == {MODEL: A100}
+
+
+def test_the_annotation_names_the_lease() -> None:
+    p = pod(1, annotations={"castops.io/gpu-lease": "a100"})
+    result = decide(p, view([lease_obj(), lease_obj("a100", A100)]))
+    assert result.action == Action.mutated and p["metadata"]["labels"][LEASE_LABEL] == "a100"
+    missing = decide(pod(1, annotations={"castops.io/gpu-lease": "v100"}), view([lease_obj()]))
+    assert missing.action == Action.denied and "'v100' names no valid GpuLease" in missing.reason
+
+
+def test_before_and_after_the_window() -> None:
+    future = lease_obj(window={"start": "2026-11-26T00:00:00Z", "end": "2026-11-27T00:00:00Z"})
+    result = decide(pod(1), view([future]))
+    assert result.action == Action.denied and "LeaseNotStarted" in result.reason
+    assert "starts at 2026-11-26T00:00:00Z" in result.reason
+    past = lease_obj(duration="2h")  # created at midnight: ended at 02:00
+    result = decide(pod(1), view([past]))
+    assert result.action == Action.denied and "LeaseExpired" in result.reason
+    assert "ended at 2026-11-25T02:00:00Z" in result.reason
+
+
+def test_queue_mode_gates_every_pod_even_one_that_fits() -> None:
+    p = pod(1)
+    result = decide(p, view([lease_obj(enforcement="Queue")]))
+    assert result.action == Action.mutated and result.reason.startswith("Queued:")
+    assert p["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert p["metadata"]["labels"][STATE_LABEL] == "queued"
+
+
+def test_queue_mode_before_the_window_gates_until_the_start() -> None:
+    p = pod(1)
+    future = lease_obj(enforcement="Queue", window={"start": "2026-11-26T00:00:00Z"})
+    result = decide(p, view([future]))
+    assert (
+        result.action == Action.mutated and "until the window starts at 2026-11-26T00:00:00Z" in result.reason
+    )
+
+
+def test_overflow_admits_beyond_the_lease_onto_spot() -> None:
+    p = pod(2)
+    result = decide(
+        p, view([lease_obj(overflow="Preemptible")], [charged("h100", 1000, i) for i in range(8)])
+    )
+    assert result.action == Action.mutated and result.reason.startswith("Overflow:")
+    assert p["metadata"]["labels"][STATE_LABEL] == "overflow"
+    assert p["spec"]["nodeSelector"] == {MODEL: H100, "scheduling.cast.ai/spot": "true"}
+    assert {"key": "scheduling.cast.ai/spot", "operator": "Exists", "effect": "NoSchedule"} in p["spec"][
+        "tolerations"
+    ] or any(t.get("key") == "scheduling.cast.ai/spot" for t in p["spec"]["tolerations"])
+    assert any("spot" in w for w in result.warnings)
+
+
+def test_audit_mode_admits_and_warns_what_it_would_refuse() -> None:
+    p = pod(2)
+    result = decide(p, view([lease_obj(enforcement="Audit")], [charged("h100", 1000, i) for i in range(8)]))
+    assert result.action == Action.mutated and "LeaseExhausted" in result.reason
+    assert p["metadata"]["labels"][STATE_LABEL] == "audit"
+    assert all(len(w) <= 120 for w in result.warnings)
+
+
+def test_a_warning_when_the_lease_passes_80_percent() -> None:
+    result = decide(pod(1), view([lease_obj()], [charged("h100", 1000, i) for i in range(6)]))
+    assert result.action == Action.mutated
+    (warning,) = result.warnings
+    assert "gpu lease h100 at 87% (7 of 8 GPU)" in warning and len(warning) <= 120
+
+
+def test_the_view_not_ready_refuses_and_says_retry() -> None:
+    static = StaticView({}, specs=(LEASES, CHARGED_PODS))
+    not_synced = LeaseView(_Unsynced(static), NOW)
+    result = decide(pod(1), not_synced)
+    assert result.action == Action.denied and "ViewNotReady" in result.reason and "retry" in result.reason
+    assert decide(pod(1), not_synced, whenViewNotReady="admit").action == Action.unchanged
+
+
+class _Unsynced:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.available = True
+
+    def index(self, name: str) -> Any:
+        return self.inner.index(name)
+
+    def group(self, name: str, key: str) -> Any:
+        return self.inner.group(name, key)
+
+    def synced(self, name: str) -> bool:
+        return False
+
+
+def test_a_namespace_without_a_lease_is_left_alone_unless_required() -> None:
+    empty = view([lease_obj(ns="other")])
+    assert decide(pod(1), empty).action == Action.unchanged
+    required = decide(pod(1), empty, requireLease=True)
+    assert required.action == Action.denied and "NoMatchingLease" in required.reason
+
+
+def test_a_pod_without_gpus_and_a_charged_pod_are_left_alone() -> None:
+    assert decide(pod(1, resource="cpu"), view([lease_obj()])).reason == "asks for no GPU"
+    p = pod(1)
+    v = view([lease_obj()])
+    assert decide(p, v).action == Action.mutated
+    assert decide(p, v).action == Action.unchanged  # the engine's second pass: idempotent
+
+
+def test_slices_are_charged_as_fractions_of_their_model() -> None:
+    p = pod(4, resource="nvidia.com/gpu-shared")
+    result = decide(p, view([lease_obj(count=1)]), sharedReplicas=8)
+    assert result.action == Action.mutated and p["metadata"]["annotations"][CHARGE_ANNOTATION] == "500m"
+    result = decide(pod(5, resource="nvidia.com/gpu-shared"), view([lease_obj(count="0.5")]))
+    assert (
+        result.action == Action.denied and "needs 0.625 GPU, more than the whole lease (0.5)" in result.reason
+    )
+
+
+def test_this_processs_recent_charges_count_until_the_view_shows_them() -> None:
+    ledger = {"ml/h100": tuple(LedgerCharge(f"recent-{i}", 1000, "charged") for i in range(8))}
+    assert decide(pod(1), view([lease_obj()], ledger=ledger)).action == Action.denied
+    shown = [charged("h100", 1000, i) for i in range(8)]
+    for i, p in enumerate(shown):
+        p["metadata"]["annotations"][DECISION_ANNOTATION] = f"recent-{i}"
+    result = decide(pod(1), view([lease_obj()], shown, ledger=ledger))
+    assert result.action == Action.denied and "8 of 8 GPU in use" in result.reason  # not 16
+
+
+def test_queued_and_overflow_pods_do_not_use_the_lease() -> None:
+    pods = [charged("h100", 1000, 0, "queued"), charged("h100", 1000, 1, "overflow")]
+    result = decide(pod(8), view([lease_obj()], pods))
+    assert result.action == Action.mutated and "0 of 8 GPU in use" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("spec", "needed"),
+    [
+        ({"initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}, "4000m"),
+        (
+            {
+                "initContainers": [
+                    {"name": "s", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ]
+            },
+            "3000m",
+        ),
+        ({"extra": {"nvidia.com/mig-3g.40gb": "1"}}, "2429m"),
+        ({"extra": {"nvidia.com/gpumem-percentage": "25"}}, "500m"),
+    ],
+    ids=["init-peak", "sidecar", "mig", "vgpu-share"],
+)
+def test_the_charge_counts_as_the_scheduler_does(spec: dict[str, Any], needed: str) -> None:
+    p = pod(2)
+    extra = spec.pop("extra", None)
+    if extra:
+        p["spec"]["containers"][0]["resources"]["limits"].update(extra)
+    p["spec"].update(spec)
+    assert decide(p, view([lease_obj()])).action == Action.mutated
+    assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == needed
