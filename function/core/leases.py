@@ -564,43 +564,67 @@ class ChargeUnits:
 _MIG = re.compile(r"^(?P<g>\d+)g\.\d+gb\Z")
 
 
-def _amount(resources: Any, name: str) -> Fraction:
-    if not isinstance(resources, Mapping) or name not in resources:
-        return Fraction(0)
+def _amount(resources: Mapping[str, Any], name: str) -> Fraction | int:
+    raw = resources.get(name)
+    if raw is None:
+        return 0
     try:
-        return Fraction(parse_quantity(resources[name]))
+        return parse_quantity(raw)
     except QuantityError:
-        return Fraction(0)
+        return 0
 
 
 def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: str) -> int:
-    """milli-GPU one container asks for (requests, else limits: extended resources have both)."""
+    """milli-GPU one container asks for (limits and requests together: extended resources have
+    both, equal). Integer arithmetic for the common whole-GPU case; Fractions only for shares."""
     resources = container.get("resources")
-    resources = resources if isinstance(resources, Mapping) else {}
-    asked: dict[str, Any] = {}
-    for section in ("limits", "requests"):
-        values = resources.get(section)
-        if isinstance(values, Mapping):
-            asked.update(values)
-    total = Fraction(0)
-    share = max(_amount(asked, units.memory_percentage), _amount(asked, units.cores)) / 100
-    memory = _amount(asked, units.memory)
-    model_memory = units.memory_mib_by_model.get(model)
-    if memory and model_memory:
-        share = max(share, Fraction(memory) / model_memory)
-    elif memory:
-        share = Fraction(1)  # memory of an unknown model: a whole GPU, never less than it can hold
+    if not isinstance(resources, Mapping):
+        return 0
+    limits, requests = resources.get("limits"), resources.get("requests")
+    asked: Mapping[str, Any] = limits if isinstance(limits, Mapping) else {}
+    if isinstance(requests, Mapping) and requests:
+        asked = {**requests, **asked} if asked else requests
+    if not asked:
+        return 0
+    share: Fraction | int = 0
+    if units.memory_percentage in asked or units.cores in asked or units.memory in asked:
+        share = Fraction(max(_amount(asked, units.memory_percentage), _amount(asked, units.cores)), 100)
+        memory = _amount(asked, units.memory)
+        model_memory = units.memory_mib_by_model.get(model)
+        if memory and model_memory:
+            share = max(share, Fraction(memory) / model_memory)
+        elif memory:
+            share = 1  # memory of an unknown model: a whole GPU, never less than it can hold
+        share = min(share, 1)
+    total: Fraction | int = 0
     for name in units.whole:
-        count = _amount(asked, name)
-        total += count * (min(share, Fraction(1)) if share else 1)
-    replicas = units.shared_replicas_by_model.get(model, units.shared_replicas)
-    total += _amount(asked, units.shared) / max(replicas, 1)
+        if name in asked:
+            total += _amount(asked, name) * (share if share else 1)
+    if units.shared in asked:
+        replicas = units.shared_replicas_by_model.get(model, units.shared_replicas)
+        total += Fraction(_amount(asked, units.shared)) / max(replicas, 1)
     for name in asked:
         if isinstance(name, str) and name.startswith(units.mig_prefix):
             match = _MIG.match(name[len(units.mig_prefix) :])
             slices = int(match["g"]) if match else units.mig_slices
             total += _amount(asked, name) * Fraction(min(slices, units.mig_slices), units.mig_slices)
     return math.ceil(total * 1000)
+
+
+def uses_shared(pod: Mapping[str, Any], units: ChargeUnits) -> bool:
+    """Whether the Pod asks for time slices (whose size depends on the model)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if isinstance(resources, Mapping):
+                for section in ("limits", "requests"):
+                    values = resources.get(section)
+                    if isinstance(values, Mapping) and units.shared in values:
+                        return True
+    return False
 
 
 def pod_charge(pod: Mapping[str, Any], units: ChargeUnits, model: str = "") -> int:

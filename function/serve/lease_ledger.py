@@ -26,6 +26,7 @@ from function.admission.wire import AdmissionReview
 from function.core.config import Config
 from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
+from function.core.leases import CHARGED_PODS
 from function.core.mutators.gpu_leases import LeaseView, LedgerCharge, ledger_charge
 from function.core.view import ClusterView
 from function.serve.spot_ledger import DecisionTurns
@@ -67,7 +68,10 @@ class LeaseLedger:
         self.record(*found)
         return True
 
-    def snapshot(self) -> Mapping[str, tuple[LedgerCharge, ...]]:
+    def snapshot(self, shown: Mapping[str, Any] | None = None) -> Mapping[str, tuple[LedgerCharge, ...]]:
+        """The live entries by lease key. Expired ones are dropped, and so are those whose Pod
+        ``shown`` (the view's charged-Pods index, keyed by decision uid) already holds: the view
+        counts them now, and the ledger stays the size of what is in flight."""
         horizon = self._clock() - self.ttl_seconds
         with self._lock:
             result: dict[str, tuple[LedgerCharge, ...]] = {}
@@ -75,6 +79,11 @@ class LeaseLedger:
                 queue = self._entries[key]
                 while queue and queue[0][0] < horizon:
                     queue.popleft()
+                if queue and shown:
+                    kept = [(at, entry) for at, entry in queue if entry.decision not in shown]
+                    if len(kept) != len(queue):
+                        queue.clear()
+                        queue.extend(kept)
                 if queue:
                     result[key] = tuple(entry for _, entry in queue)
                 else:
@@ -122,6 +131,8 @@ def with_lease_ledger(
     def view() -> ClusterView:
         if turns is not None:
             turns.begin()
-        return LeaseView(snapshot(), now(), ledger.snapshot() if ledger is not None else {})
+        current = snapshot()
+        entries = ledger.snapshot(current.index(CHARGED_PODS.index)) if ledger is not None else {}
+        return LeaseView(current, now(), entries)
 
     return view

@@ -26,6 +26,7 @@ OVERLAYS = tuple(
 COMPONENT = KNATIVE_DIR / "components" / "cluster-view"
 NAMESPACES_COMPONENT = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 SETTINGS = KNATIVE_DIR / "components" / "settings"
+GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
 ACCOUNT, NAMESPACE = "castslice", "castslice-system"
 
 
@@ -121,8 +122,9 @@ def test_shipped_rules_equal_what_the_shipped_configuration_needs(overlay: Path,
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_the_component_grants_list_watch_and_mounts_the_token(overlay: Path, tmp_path: Path) -> None:
-    objs = with_component(overlay, tmp_path)
-    # The component serves the mutators that watch: every plug-in's watches, and at least the
+    # With the GPU leases component too, whose read RBAC comes with its CRD (as PodMutations').
+    objs = with_component(overlay, tmp_path, (GPU_LEASES,))
+    # The components serve the mutators that watch: every plug-in's watches, and at least the
     # Pods + ReplicaSets the spot split counts (the plug-in lands on its own branch).
     needed = every_plugin_watch() or (PODS, REPLICASETS)
     assert granted_rules(objs) == rbac_rules(needed)
@@ -169,10 +171,12 @@ def test_a_namespace_selector_needs_the_namespaces_component_and_it_grants_exact
     needs = watches_for(namespace_selector_config(tmp_path))
     assert NAMESPACES in needs
     # The cluster-view component alone falls short: Namespaces are missing.
-    without = granted_rules(with_component(overlay, tmp_path))
+    without = granted_rules(with_component(overlay, tmp_path, (GPU_LEASES,)))
     assert without == rbac_rules(every_plugin_watch())
     assert without != rbac_rules((*every_plugin_watch(), *needs))
     # With it: every plug-in's watches and Namespaces, nothing more.
-    objs = with_component(overlay, tmp_path, (NAMESPACES_COMPONENT,))
+    both = tmp_path / "with-namespaces"  # a directory of its own: renders are cached by directory
+    both.mkdir()
+    objs = with_component(overlay, both, (NAMESPACES_COMPONENT, GPU_LEASES))
     assert granted_rules(objs) == rbac_rules((*every_plugin_watch(), *needs))
     assert token_mounted(objs)

@@ -58,6 +58,7 @@ from function.core.leases import (
     pod_charge,
     until,
     usage_from,
+    uses_shared,
 )
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
@@ -303,7 +304,7 @@ class GpuLeases:
         if isinstance(chosen, Verdict):
             return chosen
         lease, inject = chosen
-        if lease.model != first:
+        if lease.model != first and uses_shared(pod, self.units):
             charge = pod_charge(pod, self.units, lease.model)  # the model decides a slice's size
         return self._judge(lease, charge, lease_usage(view, lease.key), now, inject)
 
@@ -380,9 +381,9 @@ class GpuLeases:
         return self._best(candidates, now, charge, view), True
 
     def _best(self, leases: list[Lease], now: datetime, charge: int, view: ClusterView) -> Lease:
+        if len(leases) == 1:
+            return leases[0]
         ordered = sorted(leases, key=lambda lease: _order(lease, now))
-        if len(ordered) == 1:
-            return ordered[0]
         for lease in ordered:
             if lease.phase(now) == Phase.Active and lease_usage(view, lease.key).used + charge <= lease.count:
                 return lease

@@ -1,0 +1,255 @@
+"""Benchmark: the GPU lease decision, and what the view keeps per charged Pod.
+
+Not a test (pytest does not collect it, nothing here asserts a time): run it by hand.
+
+    python tests/benchmark_leases.py                  # 10,000 and 100,000 charged Pods, 100 leases
+    python tests/benchmark_leases.py --pods 20000     # one size
+
+Printed, for each size:
+
+- review p50/p99: a whole review through the real webhook (parse, snapshot with the lease ledger
+  and the turns, engine, patch proof, reply, ledger record) of a GPU Pod in a leased namespace,
+  against the same webhook with ``gpuLeases`` off (the review without leases), and the difference;
+- decision p50/p99: the gpuLeases mutator alone (choose the lease, read the sums, judge, stamp);
+- held per Pod: resident memory growth per charged Pod kept by the view (records, the by-lease
+  layout and its sums), put one event at a time as the watch does (target: at most 1 KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import ctypes
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from function.core.leases import CHARGED_PODS, LEASES, slim_lease  # noqa: E402
+from function.core.view import IndexState, View  # noqa: E402
+
+LEASE_COUNT = 100
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def settle() -> int:
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
+def lease_object(n: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "castops.io/v1alpha1",
+        "kind": "GpuLease",
+        "metadata": {
+            "name": f"lease-{n:03d}",
+            "namespace": f"team-{n:03d}",
+            "uid": f"lease-uid-{n}",
+            "creationTimestamp": "2026-11-25T00:00:00Z",
+        },
+        "spec": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "count": 1_000_000, "duration": "720h"},
+    }
+
+
+def charged_pod(n: int) -> dict[str, Any]:
+    """A charged Pod as the metadata-only watch delivers it (managedFields included)."""
+    lease = n % LEASE_COUNT
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": {
+            "name": f"train-{n:06d}-7d4b9",
+            "generateName": f"train-{n:06d}-",
+            "namespace": f"team-{lease:03d}",
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": "2026-11-25T10:00:00Z",
+            "labels": {
+                "app": f"train-{n // 10}",
+                "castops.io/gpu-lease": f"lease-{lease:03d}",
+                "castops.io/gpu-lease-state": "charged",
+            },
+            "annotations": {
+                "castops.io/gpu-lease-charge": "1000m",
+                "castops.io/gpu-lease-decision": str(uuid.uuid4()),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"train-{n // 10}",
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": "2026-11-25T10:00:00Z",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}},
+                }
+            ],
+        },
+    }
+
+
+def held_index(pods: int) -> tuple[IndexState, float]:
+    """The charged-Pods index filled one event at a time; bytes held per Pod."""
+    before = settle()
+    state = IndexState(synced=True)
+    for n in range(pods):
+        obj = json.loads(json.dumps(charged_pod(n)))  # as parsed from the wire, then dropped
+        state = state.put(
+            CHARGED_PODS.key(obj), CHARGED_PODS.slim(obj), CHARGED_PODS.group_by, CHARGED_PODS.tally
+        )
+    after = settle()
+    return state, (after - before) / pods
+
+
+def review_body(namespace: str) -> bytes:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "train-", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        },
+    }
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": namespace,
+                "userInfo": {"username": "bench"},
+                "object": pod,
+            },
+        }
+    ).encode()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed(call: Any, rounds: int) -> list[float]:
+    samples = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - began) * 1e6)
+    return samples
+
+
+def measure(pods: int, reviews: int) -> dict[str, Any]:
+    from function.admission.wire import parse_review
+    from function.core.config import parse_config
+    from function.core.mutators.base import RequestContext
+    from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView
+    from function.serve.app import build_webhook
+    from function.serve.lease_ledger import LeaseLedger, with_lease_ledger
+    from function.serve.spot_ledger import DecisionTurns
+
+    index, per_pod = held_index(pods)
+    leases = IndexState.build(
+        {f"lease-uid-{n}": slim_lease(lease_object(n)) for n in range(LEASE_COUNT)}, LEASES
+    )
+    view = View({LEASES.index: leases, CHARGED_PODS.index: index})
+    environ = {"CASTSLICE_LOG_LEVEL": "WARNING"}
+    base = {"gpuSlicing": {"enabled": False}, "audit": {"sink": "none"}}
+    with_leases = build_webhook(
+        parse_config({**base, "gpuLeases": {"enabled": True}}), environ, watches=(), freeze_gc=False
+    )
+    ledger, turns = LeaseLedger(), DecisionTurns()
+    with_leases.admission.cluster = with_lease_ledger(lambda: view, ledger, turns)
+    without = build_webhook(parse_config(base), environ, watches=(), freeze_gc=False)
+    body = review_body("team-042")
+
+    def leased() -> None:
+        answer = with_leases.admission.review(parse_review(body))
+        assert answer.decision is not None and answer.decision.outcome == "mutated", answer.decision
+        # The watch keeps up: the Pod just charged reaches the view, and the snapshot drops its
+        # ledger entry (here it never reaches this fixed view: forget it as the snapshot would).
+        ledger._entries.clear()
+
+    def plain() -> None:
+        without.admission.review(parse_review(body))
+
+    for call in (leased, plain):
+        timed(call, 200)  # warm up
+    gc.collect()
+    gc.freeze()
+    leased_us, plain_us = timed(leased, reviews), timed(plain, reviews)
+    mutator = GpuLeases(GpuLeasesConfig(enabled=True))
+    pod = json.loads(body)["request"]["object"]
+    ctx = RequestContext(uid="bench", namespace="team-042", cluster=LeaseView(view, NOW))
+    decision_us = timed(lambda: mutator.mutate(copy.deepcopy(pod), ctx), reviews)
+    copy_us = timed(lambda: copy.deepcopy(pod), reviews)
+    gc.unfreeze()
+    return {
+        "pods": pods,
+        "review_with_leases": (percentile(leased_us, 0.5), percentile(leased_us, 0.99)),
+        "review_without": (percentile(plain_us, 0.5), percentile(plain_us, 0.99)),
+        "decision": (
+            percentile(decision_us, 0.5) - statistics.median(copy_us),
+            percentile(decision_us, 0.99) - statistics.median(copy_us),
+        ),
+        "held_per_pod": per_pod,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--pods", type=int, action="append", help="charged Pods in view (default 10000, 100000)"
+    )
+    parser.add_argument("--reviews", type=int, default=3000)
+    args = parser.parse_args()
+    for pods in args.pods or [10_000, 100_000]:
+        r = measure(pods, args.reviews)
+        with_p50, with_p99 = r["review_with_leases"]
+        without_p50, without_p99 = r["review_without"]
+        print(f"{pods:>7} charged Pods, {LEASE_COUNT} leases in view:")
+        print(f"  review with gpuLeases   p50 {with_p50:7.1f} us  p99 {with_p99:7.1f} us")
+        print(f"  review without leases   p50 {without_p50:7.1f} us  p99 {without_p99:7.1f} us")
+        print(f"  difference              p50 {with_p50 - without_p50:7.1f} us")
+        print(f"  lease decision alone    p50 {r['decision'][0]:7.1f} us  p99 {r['decision'][1]:7.1f} us")
+        print(f"  held per charged Pod    {r['held_per_pod']:7.0f} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
