@@ -8,8 +8,10 @@ Not a test (pytest does not collect it, nothing here asserts a time): run it by 
 Printed, for each size:
 
 - review p50/p99: a whole review through the real webhook (parse, snapshot with the lease ledger
-  and the turns, engine, patch proof, reply, ledger record) of a GPU Pod in a leased namespace,
-  against the same webhook with ``gpuLeases`` off (the review without leases), and the difference;
+  and the turns, engine, patch proof, reply, ledger record) of a GPU Pod in a leased namespace
+  (charged: the stamp is a patch), against the same webhook with ``gpuLeases`` off (the review
+  without leases, unchanged), and the same Pod in a namespace without a lease with ``gpuLeases``
+  on (the lookups alone);
 - decision p50/p99: the gpuLeases mutator alone (choose the lease, read the sums, judge, stamp);
 - held per Pod: resident memory growth per charged Pod kept by the view (records, the by-lease
   layout and its sums), put one event at a time as the watch does (target: at most 1 KiB).
@@ -206,11 +208,18 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
     def plain() -> None:
         without.admission.review(parse_review(body))
 
-    for call in (leased, plain):
+    elsewhere = review_body("no-lease-here")
+
+    def unleased() -> None:  # gpuLeases on, a namespace without a lease: the lookups, no stamp
+        answer = with_leases.admission.review(parse_review(elsewhere))
+        assert answer.decision is not None and answer.decision.outcome != "mutated", answer.decision
+
+    for call in (leased, plain, unleased):
         timed(call, 200)  # warm up
     gc.collect()
     gc.freeze()
     leased_us, plain_us = timed(leased, reviews), timed(plain, reviews)
+    unleased_us = timed(unleased, reviews)
     mutator = GpuLeases(GpuLeasesConfig(enabled=True))
     pod = json.loads(body)["request"]["object"]
     ctx = RequestContext(uid="bench", namespace="team-042", cluster=LeaseView(view, NOW))
@@ -221,6 +230,7 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
         "pods": pods,
         "review_with_leases": (percentile(leased_us, 0.5), percentile(leased_us, 0.99)),
         "review_without": (percentile(plain_us, 0.5), percentile(plain_us, 0.99)),
+        "review_unleased": (percentile(unleased_us, 0.5), percentile(unleased_us, 0.99)),
         "decision": (
             percentile(decision_us, 0.5) - statistics.median(copy_us),
             percentile(decision_us, 0.99) - statistics.median(copy_us),
@@ -245,7 +255,12 @@ def main() -> int:
         print(f"{pods:>7} charged Pods, {LEASE_COUNT} leases in view:")
         print(f"  review with gpuLeases   p50 {with_p50:7.1f} us  p99 {with_p99:7.1f} us")
         print(f"  review without leases   p50 {without_p50:7.1f} us  p99 {without_p99:7.1f} us")
-        print(f"  difference              p50 {with_p50 - without_p50:7.1f} us")
+        print(f"  difference              p50 {with_p50 - without_p50:7.1f} us (the stamp's patch included)")
+        unleased_p50, unleased_p99 = r["review_unleased"]
+        print(
+            f"  gpuLeases on, no lease  p50 {unleased_p50:7.1f} us  p99 {unleased_p99:7.1f} us"
+            f"  (difference p50 {unleased_p50 - without_p50:.1f} us)"
+        )
         print(f"  lease decision alone    p50 {r['decision'][0]:7.1f} us  p99 {r['decision'][1]:7.1f} us")
         print(f"  held per charged Pod    {r['held_per_pod']:7.0f} bytes")
     return 0

@@ -257,6 +257,15 @@ class GpuLeases:
         charged_to = labels_of(pod).get(LEASE_LABEL)
         if charged_to:
             return MutatorResult.unchanged(f"already charged to gpu lease {charged_to}")
+        view = ctx.cluster
+        if (
+            not self.config.requireLease
+            and view.available
+            and view.synced(LEASES.index)
+            and not view.group(LEASES.index, ctx.namespace)
+        ):
+            # Most namespaces lease nothing: one lookup, not the charge arithmetic.
+            return MutatorResult.unchanged(f"namespace {ctx.namespace} has no GpuLease: not charged")
         verdict = self.decide(pod, ctx)
         if verdict is None:
             return MutatorResult.unchanged("asks for no GPU")
