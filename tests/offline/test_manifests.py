@@ -58,6 +58,7 @@ CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
 CLUSTER_VIEW_NAMESPACES = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 CONTROLLER = KNATIVE_DIR / "components" / "controller"
 GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
+DRA = KNATIVE_DIR / "components" / "dra"
 # PodMutation policies (CRD, validating webhook, RBAC) and the RBAC to read CAST AI's objects.
 PODMUTATION_COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
@@ -160,6 +161,7 @@ def test_layout_is_a_base_four_overlays_and_the_components():
             CLUSTER_VIEW_NAMESPACES,
             CONTROLLER,
             GPU_LEASES,
+            DRA,
             *PODMUTATION_COMPONENTS,
         )
     )
