@@ -1,5 +1,5 @@
-"""function/core/podmutation/spec.py, answer by answer: what a PodMutation author is told, word for word,
-and the limits (qualified-name prefix, regex length) at their edges."""
+"""function/core/podmutation/spec.py: what a PodMutation author is told, word for word, and the limits
+(qualified-name prefix, regex length) at their edges."""
 
 from __future__ import annotations
 

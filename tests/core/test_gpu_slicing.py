@@ -1,6 +1,6 @@
-"""GPU slicing's answers in full: what it does to each container, and the reason and warnings it
-gives, word for word (they reach the audit event, the reply's warnings and `castslice mutate`).
-Written from a mutmut run over function/core/mutators/gpu_slicing.py."""
+"""GPU slicing (function/core/mutators/gpu_slicing.py) in full: what it does to each container, and
+the reason and warnings it gives, word for word (they reach the audit event, the reply's warnings and
+`castslice mutate`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""function/core/podmutation/apply.py, answer by answer: what each part of a mutation changes and how it
-says so, toleration sameness, required affinity merging, group choice at its ties, and the Pod
-shape check that keeps a bad patch from being sent."""
+"""function/core/podmutation/apply.py: what each part of a mutation changes and how it says so,
+toleration sameness, required affinity merging, group choice at its ties, and the Pod shape check
+that keeps a bad patch from being sent."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""function/core/podmutation/compiled.py, answer by answer: what an invalid PodMutation is recorded as (name,
-group, generation, problems, uid), where a bad patch is named, filterV2 matchers kept as typed, and
-CAST AI's API form converted or refused by name."""
+"""function/core/podmutation/compiled.py: what an invalid PodMutation is recorded as (name, group,
+generation, problems, uid), where a bad patch is named, filterV2 matchers kept as typed, and CAST AI's
+API form converted or refused by name."""
 
 from __future__ import annotations
 

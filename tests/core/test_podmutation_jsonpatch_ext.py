@@ -1,5 +1,5 @@
-"""function/core/podmutation/jsonpatch_ext.py, answer by answer: every message a PodMutation author reads
-when an operation is refused, word for word; escapes; and the extended paths at their edges."""
+"""function/core/podmutation/jsonpatch_ext.py: every message a PodMutation author reads when an
+operation is refused, word for word; escapes; and the extended paths at their edges."""
 
 from __future__ import annotations
 
