@@ -13,7 +13,7 @@ import yaml
 from function.core.config import parse_config, watches_for
 from function.core.dra import TEMPLATES
 from function.core.view import rbac_rules
-from tests.deploy.test_view_manifests import OVERLAYS, granted_rules, token_mounted, with_component
+from tests.deploy.support import OVERLAYS, granted_rules, token_mounted, with_component
 from tests.manifests_support import KNATIVE_DIR, by_kind
 
 COMPONENT = KNATIVE_DIR / "components" / "dra"

@@ -6,7 +6,6 @@ the cluster-view component are both held to ``rbac_rules(watches)`` computed fro
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,45 +16,16 @@ from function.core.config import load_config_file, watches_for
 from function.core.mutators import PLUGINS
 from function.core.mutators.spot import NAMESPACES
 from function.core.view import PODS, REPLICASETS, WatchSpec, merge_specs, rbac_rules
-from tests.manifests_support import KNATIVE_DIR, by_kind, pod_specs, render
-
-OVERLAYS = tuple(
-    KNATIVE_DIR / "overlays" / name
-    for name in ("knative-route", "deployment", "knative-route-eventing", "deployment-eventing")
+from tests.deploy.support import (
+    ACCOUNT,
+    GPU_LEASES,
+    NAMESPACES_COMPONENT,
+    OVERLAYS,
+    granted_rules,
+    token_mounted,
+    with_component,
 )
-COMPONENT = KNATIVE_DIR / "components" / "cluster-view"
-NAMESPACES_COMPONENT = KNATIVE_DIR / "components" / "cluster-view-namespaces"
-SETTINGS = KNATIVE_DIR / "components" / "settings"
-GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
-ACCOUNT, NAMESPACE = "castslice", "castslice-system"
-
-
-def granted_rules(objs: list[dict[str, Any]]) -> list[dict[str, list[str]]]:
-    """The rules bound to the webhook's ServiceAccount, merged per API group as rbac_rules does."""
-    roles = {(o["kind"], o["metadata"]["name"]): o for o in objs if o["kind"] in ("ClusterRole", "Role")}
-    by_group: dict[str, tuple[set[str], set[str]]] = {}
-    for binding in objs:
-        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
-            continue
-        subjects = binding.get("subjects") or []
-        if not any(
-            s.get("kind") == "ServiceAccount" and s.get("name") == ACCOUNT and s.get("namespace") == NAMESPACE
-            for s in subjects
-        ):
-            continue
-        # A RoleBinding would limit the watch to one namespace; the view watches cluster-wide.
-        assert binding["kind"] == "ClusterRoleBinding", binding["metadata"]["name"]
-        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
-        for rule in role.get("rules", []):
-            assert set(rule) <= {"apiGroups", "resources", "verbs"}, "no resourceNames or URLs"
-            for group in rule["apiGroups"]:
-                resources, verbs = by_group.setdefault(group, (set(), set()))
-                resources.update(rule["resources"])
-                verbs.update(rule["verbs"])
-    return [
-        {"apiGroups": [group], "resources": sorted(resources), "verbs": sorted(verbs)}
-        for group, (resources, verbs) in sorted(by_group.items())
-    ]
+from tests.manifests_support import by_kind, pod_specs, render
 
 
 def shipped_config(objs: list[dict[str, Any]], tmp_path: Path) -> Any:
@@ -63,41 +33,6 @@ def shipped_config(objs: list[dict[str, Any]], tmp_path: Path) -> Any:
     path = tmp_path / "config.yaml"
     path.write_text(config_map["data"]["config.yaml"], encoding="utf-8")
     return load_config_file(path)
-
-
-def token_mounted(objs: list[dict[str, Any]]) -> bool:
-    """Whether the webhook gets its token: the ServiceAccount and the Pod template must agree."""
-    (account,) = [sa for sa in by_kind(objs, "ServiceAccount", "") if sa["metadata"]["name"] == ACCOUNT]
-    (spec,) = [spec for owner, spec in pod_specs(objs) if owner["metadata"]["name"] == ACCOUNT]
-    assert spec["automountServiceAccountToken"] == account["automountServiceAccountToken"]
-    return bool(spec["automountServiceAccountToken"])
-
-
-def with_component(overlay: Path, tmp_path: Path, extra: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
-    """``overlay`` plus the cluster-view component, as a user's kustomization would include it
-    (the overlay as it is when it already includes it: the shipped configuration enables
-    PodMutations, which watch)."""
-    shipped = render(overlay)
-    if not extra and any(
-        o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped
-    ):
-        return shipped
-    has_view = any(
-        o["kind"] == "ClusterRole" and o["metadata"]["name"] == "castslice-cluster-view" for o in shipped
-    )
-    components = [*(() if has_view else (COMPONENT,)), *extra, SETTINGS]
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(overlay, tmp_path)],
-                # settings again, last, as an overlay lists it: the binding gets the namespace.
-                "components": [os.path.relpath(component, tmp_path) for component in components],
-            }
-        )
-    )
-    return render(tmp_path)
 
 
 def every_plugin_watch() -> tuple[WatchSpec, ...]:
