@@ -3,18 +3,14 @@ stopped with leadership, watch changes routed by each reconciler's triggers."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from function.control.reconciler import DONE, Context, Permission, Requeue
 from function.control.runner import Runner, WorkQueue
-from function.core.view import ClusterView, Record, StaticView, WatchSpec
-
-THINGS = WatchSpec(index="things", group="example.io", version="v1", plural="things", kind="Thing")
+from function.core.view import StaticView
+from tests.control.support import Recorder
 
 
 class Clock:
@@ -55,36 +51,6 @@ def test_a_key_added_while_it_is_reconciled_runs_again_after_never_beside() -> N
     assert queue.get(0) is None  # not handed to a second worker
     queue.done("a")
     assert queue.get(0) == "a"
-
-
-class Recorder:
-    """A reconciler that records what it is asked, and can fail or ask for a timer."""
-
-    name = "recorder"
-    watches = (THINGS,)
-    permissions = (Permission("example.io", "things/status", ("patch",)),)
-    resync_seconds = 3600.0
-
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self.all = list(keys)
-        self.seen: list[tuple[str, datetime]] = []
-        self.fail: set[str] = set()
-        self.after: dict[str, float] = {}
-        self.event = threading.Event()
-
-    def triggers(self, index: str, record: Record) -> Iterable[str]:
-        return [f"thing/{record['metadata']['name']}"]
-
-    def keys(self, view: ClusterView) -> Iterable[str]:
-        return list(self.all)
-
-    def reconcile(self, key: str, ctx: Context) -> Requeue:
-        self.seen.append((key, ctx.now))
-        self.event.set()
-        if key in self.fail:
-            raise RuntimeError(f"{key} broke")
-        after = self.after.get(key)
-        return Requeue(after) if after is not None else DONE
 
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

@@ -21,6 +21,7 @@ from function.contract import EXIT_BROKEN_PIPE
 from function.core.engine import ENGINE_VERSION, Decision
 from function.offline import mutate
 from tests.audit_support import event_for
+from tests.cli_support import run
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 POD = """apiVersion: v1
@@ -32,16 +33,6 @@ spec:
   containers:
   - {{name: c, image: busybox, resources: {{limits: {{nvidia.com/gpu: 1}}}}}}
 """
-
-
-def run(monkeypatch: pytest.MonkeyPatch, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
-    code = cli.main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 # -- --version and help --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.offline.test_cli import run
+from tests.cli_support import run
 
 STATE = """\
 apiVersion: v1
