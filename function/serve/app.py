@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -71,20 +72,22 @@ def build_webhook_and_recorder(
     config = load_config(dict(environ)) if config is None else config
     engine = Engine(config)
     recorder = build_recorder(config, environ)
+    # GPU leases: this process's recent charges and the time join each snapshot, under the same
+    # turns (one review at a time from snapshot to record), so one process never over-charges;
+    # a charge leaves the ledger as soon as the watch delivers its Pod.
+    lease_ledger = lease_ledger_for(config)
     watcher = start_watcher(
         watches_for(config) if watches is None else watches,
         environ,
         transport,
         recorder.metrics.registry,
         freeze_gc,
+        listener=lease_ledger.watched if lease_ledger is not None else None,
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
     # Spot placement: this process's recent decisions join each snapshot until the view shows them.
     # One review at a time from snapshot to record, so concurrent siblings see each other.
     ledger = ledger_for(config)
-    # GPU leases: this process's recent charges and the time join each snapshot, under the same
-    # turns (one review at a time from snapshot to record), so one process never over-charges.
-    lease_ledger = lease_ledger_for(config)
     turns = DecisionTurns() if ledger is not None or lease_ledger is not None else None
     decisions: DecisionRecorder = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
     cluster = with_ledger(snapshot, ledger, turns)
@@ -111,6 +114,7 @@ def start_watcher(
     transport: Transport | None,
     registry: CollectorRegistry,
     freeze_gc: bool = True,
+    listener: Callable[[str, Any, Any], None] | None = None,
 ) -> ClusterWatcher | None:
     """The cluster view's watches, started; None (no thread, no credentials read) when no enabled
     mutator needs any."""
@@ -123,6 +127,7 @@ def start_watcher(
         transport if transport is not None else kube_transport(environ),
         registry=registry,
         freeze_gc=freeze_gc,
+        listener=listener,
     )
     watcher.start()
     return watcher

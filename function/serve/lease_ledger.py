@@ -58,6 +58,28 @@ class LeaseLedger:
                 self._entries.move_to_end(lease_key)
             queue.append((self._clock(), charge))
 
+    def watched(self, index: str, old: Any, new: Any) -> None:
+        """The watch's listener: a charged Pod the view now holds (or held: one deleted before
+        any review saw it) is counted by the view, or gone; its entry leaves the ledger at once,
+        so a Pod admitted and deleted between two reviews is not counted for the whole TTL."""
+        if index != CHARGED_PODS.index:
+            return
+        for record in (old, new):
+            decision = getattr(record, "decision", "")
+            if decision:
+                self.forget(decision)
+
+    def forget(self, decision: str) -> None:
+        with self._lock:
+            for key in list(self._entries):
+                queue = self._entries[key]
+                for item in queue:
+                    if item[1].decision == decision:
+                        queue.remove(item)
+                        if not queue:
+                            del self._entries[key]
+                        return
+
     def observe_admitted(self, pod: Mapping[str, Any] | None) -> bool:
         """Record the charge an admitted Pod carries; True if it carried one."""
         if not isinstance(pod, Mapping):

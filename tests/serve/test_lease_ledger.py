@@ -121,3 +121,27 @@ def test_the_validating_webhook_denies_naming_every_field() -> None:
     assert message.startswith("GpuLease h100 is invalid: ")
     for field in ("spec.count", "spec.duration", "spec.enforcement"):
         assert field in message
+
+
+def test_a_charge_leaves_the_ledger_when_the_watch_delivers_its_pod_even_if_already_deleted() -> None:
+    from function.core.leases import slim_charged_pod
+    from function.core.mutators.gpu_leases import LedgerCharge
+
+    ledger = LeaseLedger()
+    ledger.record("ml/h100", LedgerCharge("d1", 1000, "charged"))
+    ledger.record("ml/h100", LedgerCharge("d2", 1000, "charged"))
+    pod = slim_charged_pod(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ml",
+                "uid": "u",
+                "labels": {"castops.io/gpu-lease": "h100"},
+                "annotations": {"castops.io/gpu-lease-decision": "d1"},
+            }
+        }
+    )
+    ledger.watched("pods", None, pod)  # another index: ignored
+    assert len(ledger.snapshot()["ml/h100"]) == 2
+    ledger.watched(CHARGED_PODS.index, pod, None)  # a DELETED event no review saw the ADDED of
+    assert [entry.decision for entry in ledger.snapshot()["ml/h100"]] == ["d2"]
