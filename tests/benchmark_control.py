@@ -46,6 +46,9 @@ def holder(plane: Any) -> str:
 
 
 def start(plane: Any, name: str, config: Path) -> subprocess.Popen[bytes]:
+    """A controller, returned once its election loop runs (/healthz): Python takes seconds to
+    start on a loaded machine, and a candidate still starting would count against the failover."""
+    port = free_port()
     env = {
         **os.environ,
         "CASTSLICE_CONFIG": str(config),
@@ -54,14 +57,14 @@ def start(plane: Any, name: str, config: Path) -> subprocess.Popen[bytes]:
         "CASTSLICE_LOG_LEVEL": "WARNING",
     }
     log = (plane.workdir / f"control-{name}.log").open("ab")
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [
             CASTSLICE,
             "control",
             "--host",
             "127.0.0.1",
             "--port",
-            str(free_port()),
+            str(port),
             "--lease-namespace",
             SYSTEM,
             "--identity",
@@ -73,6 +76,18 @@ def start(plane: Any, name: str, config: Path) -> subprocess.Popen[bytes]:
         start_new_session=True,
         preexec_fn=PREEXEC,
     )
+    wait(lambda: healthy(port), 120, 0.1)
+    return process
+
+
+def healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
 
 
 def wait(check: Any, timeout: float, step: float = 0.02) -> float:
@@ -97,8 +112,7 @@ def failovers(
         wait(lambda other=other: holder(plane) == other, 60)
         took.append(time.monotonic() - began)
         processes[leader].wait(20)
-        processes[leader] = start(plane, leader, config)
-        time.sleep(3)  # the restarted one is a candidate again
+        processes[leader] = start(plane, leader, config)  # a candidate again
     return took
 
 
