@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn_worker import UvicornWorker
@@ -44,6 +45,14 @@ from function.contract import (
 from function.serve.http_api import HttpReply
 
 log = logging.getLogger("castslice.server")
+
+if not hasattr(HttpToolsProtocol, "_start_asgi_task"):
+    # Without the hook every review would silently take the ASGI path; pyproject.toml bounds the
+    # versions this module is tested against.
+    raise ImportError(
+        f"uvicorn {uvicorn.__version__} has no HttpToolsProtocol._start_asgi_task, which "
+        "function/serve/protocol.py overrides: install the uvicorn version pyproject.toml names"
+    )
 
 
 def _problem(status: int, reason: str, message: str) -> bytes:
