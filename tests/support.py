@@ -55,6 +55,12 @@ def asgi_client(monkeypatch: Any, config_path: Path | None = None, **env: str) -
     return TestClient(serving_app("mutate"))
 
 
+def served_webhook(client: Any) -> Any:
+    """The WebhookHttp an ``asgi_client`` serves (built now, from the environment then, if no
+    request has built it yet)."""
+    return client.app.reviews.start()
+
+
 _A_POD_NAMED_P: Any = object()
 """``pod_review``'s default metadata (``None`` is a value a test may want in the object)."""
 

@@ -1,7 +1,9 @@
 """The composition root: configuration in, a ready-to-serve webhook out.
 
-Everything with side effects (reading the config file, logging set-up, the audit event sender)
-is wired here, once per process, so the layers below stay pure and testable.
+Everything with side effects (reading the config file, logging set-up, the audit event sender,
+the watches) is wired here, once per serving process, so the layers below stay pure and
+testable. Nothing here runs at import: a host builds its webhook where it serves it
+(``WebhookOnDemand``), so importing an entry point (function/func.py) builds none.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,8 +22,9 @@ from function.audit.recorder import AuditRecorder, build_recorder
 from function.core.config import Config, load_config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
-from function.serve.http_api import WebhookHttp
+from function.serve.http_api import HttpReply, WebhookHttp, problem
 from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
+from function.serve.offload import LargeReviews
 from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
 from function.serve.watch import ClusterWatcher, Transport, kube_transport
 
@@ -43,17 +47,25 @@ def build_webhook(
     transport: Transport | None = None,
     watches: tuple[WatchSpec, ...] | None = None,
     freeze_gc: bool = True,
+    large_reviews: bool = False,
 ) -> WebhookHttp:
     """Raises ConfigError (naming the bad key) when the configuration is invalid: start-up stops.
 
-    ``environ`` (default os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout,
-    and, when an enabled mutator needs cluster state, the credentials of the watches (in-cluster
-    ServiceAccount, else $KUBECONFIG). ``transport`` and ``watches`` replace those (tests).
-    ``freeze_gc``: keep the garbage collector off the view's objects (see ClusterWatcher); tests
-    that build many webhooks in one process turn it off.
+    ``config`` defaults to the file ``environ`` names (CASTSLICE_CONFIG). ``environ`` (default
+    os.environ) chooses the audit sink: K_SINK, DAPR_HTTP_PORT, else stdout, and, when an enabled
+    mutator needs cluster state, the credentials of the watches (in-cluster ServiceAccount, else
+    $KUBECONFIG). ``transport`` and ``watches`` replace those (tests). ``freeze_gc``: keep the
+    garbage collector off the view's objects (see ClusterWatcher); tests that build many webhooks
+    in one process turn it off. ``large_reviews``: decide reviews larger than LARGE_BODY_BYTES in
+    a child process (function/serve/offload.py), spawned on the first one.
     """
     return build_webhook_and_recorder(
-        config, environ, transport=transport, watches=watches, freeze_gc=freeze_gc
+        config,
+        environ,
+        transport=transport,
+        watches=watches,
+        freeze_gc=freeze_gc,
+        large_reviews=large_reviews,
     )[0]
 
 
@@ -64,6 +76,7 @@ def build_webhook_and_recorder(
     transport: Transport | None = None,
     watches: tuple[WatchSpec, ...] | None = None,
     freeze_gc: bool = True,
+    large_reviews: bool = False,
 ) -> tuple[WebhookHttp, AuditRecorder]:
     """build_webhook, plus its recorder for hosts that start and drain the audit sender
     themselves (the Knative Functions instance in func.py); ``environ`` also names the config."""
@@ -103,9 +116,49 @@ def build_webhook_and_recorder(
         # half-known cluster would be a guess.
         return recorder.ready() and (watcher is None or watcher.synced())
 
-    webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text)
+    offload = LargeReviews(config) if large_reviews else None
+    webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)
     webhook.watcher = watcher
     return webhook, recorder
+
+
+class WebhookOnDemand:
+    """A serving process's webhook, built once, where it is served: when the server starts
+    (``start``, at ASGI lifespan startup) or, for servers that announce no start (the
+    functions-framework CLI's app, a test client), on the first request. Answers as the
+    webhook it builds, so every host takes it where it takes a WebhookHttp."""
+
+    def __init__(self, build: Callable[[], WebhookHttp]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self.built: WebhookHttp | None = None
+
+    def start(self) -> WebhookHttp:
+        """The webhook, built now if it is not yet (a bad configuration raises, naming the key)."""
+        webhook = self.built
+        if webhook is None:
+            with self._lock:
+                if self.built is None:
+                    self.built = self._build()
+                webhook = self.built
+        return webhook
+
+    def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        webhook = self.built or self._built_or_why_not()
+        return webhook if isinstance(webhook, HttpReply) else webhook.handle(method, path, body)
+
+    async def answer(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        webhook = self.built or self._built_or_why_not()
+        return webhook if isinstance(webhook, HttpReply) else await webhook.answer(method, path, body)
+
+    def _built_or_why_not(self) -> WebhookHttp | HttpReply:
+        # Built on a request: a failure answers (503, naming it) instead of raising into the host,
+        # and the next request tries again (a mounted configuration may be fixed meanwhile).
+        try:
+            return self.start()
+        except Exception as error:
+            log.exception("the webhook could not be built")
+            return problem(503, f"not started: {error}")
 
 
 def start_watcher(

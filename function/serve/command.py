@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from function.contract import LARGE_REVIEWS_ENV
-from function.core.config import ConfigError, load_config, watches_for
+from function.core.config import ConfigError, load_config, load_config_file, watches_for
 
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 """What ``--target`` may name: functions-framework targets in function/func.py."""
@@ -24,24 +24,25 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("castslice serve: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
-    if args.config:
-        os.environ["CASTSLICE_CONFIG"] = args.config
     try:
-        config = load_config()  # fail fast, before gunicorn forks, with the bad key named
+        # Fail fast, before gunicorn forks, with the bad key named.
+        config = load_config_file(args.config) if args.config else load_config()
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
     from function.serve.asgi import serving_app
 
-    app = serving_app(args.target)
-    # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
-    # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
-    options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
     # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
     # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
     # empty view would silently skip the PodMutations or spot counts that apply to it.
-    if not watches_for(config):
-        os.environ.setdefault(LARGE_REVIEWS_ENV, "process")
+    # CASTSLICE_LARGE_REVIEWS, when set, decides instead ("process": offloaded).
+    chosen = os.environ.get(LARGE_REVIEWS_ENV)
+    large_reviews = chosen == "process" if chosen is not None else not watches_for(config)
+    # The configuration and that choice reach the worker as the app's arguments.
+    app = serving_app(args.target, config, large_reviews=large_reviews)
+    # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
+    # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
+    options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
     if args.tls_cert:
         from function.serve.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

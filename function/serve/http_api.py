@@ -1,16 +1,20 @@
 """The one place for HTTP concerns: routing, methods, size limits, status codes, JSON bodies.
 
-Transport-neutral, so the same behaviour serves the functions-framework ASGI target, the Flask
-target used for comparison, and tests. Every admission outcome (denials included) is HTTP 200:
-a non-200 makes the apiserver apply failurePolicy instead of our answer.
+``WebhookHttp`` is the review handler every host calls (controller-runtime's ``Handle``): the
+protocol's fast path (function/serve/protocol.py), the ASGI hosts (function/serve/asgi.py: the
+bare review endpoint, the functions-framework target, the Knative Functions instance) and tests.
+Hosts only read a body and write the reply; ``problem`` writes every error body. Every admission
+outcome (denials included) is HTTP 200: a non-200 makes the apiserver apply failurePolicy instead
+of our answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -18,6 +22,7 @@ from function.admission.review import Admission
 from function.admission.wire import AdmissionReview, BadReview, parse_review
 from function.contract import (
     HEALTHZ_PATH,
+    LARGE_BODY_BYTES,
     MAX_BODY_BYTES,
     METRICS_PATH,
     MUTATE_PATHS,
@@ -26,6 +31,7 @@ from function.contract import (
     VALIDATE_PODMUTATIONS_PATH,
 )
 from function.core.engine import Decision
+from function.serve.offload import LargeReviews
 
 log = logging.getLogger("castslice.http")
 
@@ -49,6 +55,28 @@ def problem(status: int, message: str, headers: dict[str, str] | None = None) ->
 
 
 TOO_LARGE = problem(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+INTERNAL_ERROR = problem(500, "internal error (logged by the webhook)")
+CLIENT_GONE = HttpReply(408, b"")
+"""What a host answers a client that left before its body arrived: the server drops it unread."""
+
+
+class ReviewHandler(Protocol):
+    """What every host calls (controller-runtime's ``Handle``): WebhookHttp, or the
+    WebhookOnDemand (function/serve/app.py) that builds one where it is served. ``body`` is None
+    when the transport found it larger than MAX_BODY_BYTES; neither call raises."""
+
+    def handle(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        """The answer, decided in this thread (the protocol's parser callback calls this)."""
+        ...
+
+    async def answer(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        """The answer, for hosts on an event loop (may decide a large review elsewhere)."""
+        ...
+
+
+def is_review(method: str, path: str) -> bool:
+    """An admission review: the one test every host and the router make."""
+    return method == "POST" and path in MUTATE_PATHS
 
 
 class WebhookHttp:
@@ -57,10 +85,14 @@ class WebhookHttp:
         admission: Admission,
         ready: Callable[[], bool] = lambda: True,
         metrics: Callable[[], bytes] | None = None,
+        large_reviews: LargeReviews | None = None,
     ) -> None:
+        """``large_reviews``: where ``answer`` sends reviews larger than LARGE_BODY_BYTES (a child
+        process, function/serve/offload.py); None decides every review in this process."""
         self.admission = admission
         self.ready = ready
         self.metrics = metrics
+        self.large_reviews = large_reviews
         self.watcher: Any = None
         """The cluster view's ClusterWatcher when an enabled mutator needs one (its owner stops it)."""
 
@@ -71,17 +103,31 @@ class WebhookHttp:
             return self._route(method, path, body)
         except Exception:  # the last resort; the engine and the admission layer guard themselves
             log.exception("unexpected error serving %s %s", method, path)
-            return problem(500, "internal error (logged by the webhook)")
+            return INTERNAL_ERROR
+
+    async def answer(self, method: str, path: str, body: bytes | None) -> HttpReply:
+        """``handle`` for hosts on an event loop: a large review goes to ``large_reviews`` when
+        there is one, because a large Pod would stall every other request on this loop for up
+        to a second."""
+        if (
+            self.large_reviews is None
+            or body is None
+            or len(body) <= LARGE_BODY_BYTES
+            or not is_review(method, path)
+        ):
+            return self.handle(method, path, body)
+        try:
+            outcome = await asyncio.wrap_future(self.large_reviews.submit(body))
+        except Exception:  # a dead child must not fail the review: decide it here instead
+            log.exception("large-review process failed; deciding in-process")
+            return self.handle(method, path, body)
+        return self.recorded(*outcome)
 
     def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
-        if path in MUTATE_PATHS:
-            if method != "POST":
-                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
-            if body is None:
-                return TOO_LARGE
-            return self.mutate(body)
-        if path == VALIDATE_PODMUTATIONS_PATH:
-            if method != "POST":
+        if is_review(method, path):
+            return TOO_LARGE if body is None else self.mutate(body)
+        if path in MUTATE_PATHS or path == VALIDATE_PODMUTATIONS_PATH:
+            if method != "POST":  # a review path here is one not POSTed
                 return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
             return TOO_LARGE if body is None else self.validate_podmutation(body)
         if path == VALIDATE_GPULEASES_PATH:
@@ -100,9 +146,6 @@ class WebhookHttp:
                 return problem(404, "metrics are not enabled")
             return HttpReply(200, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
         return problem(404, f"no such path: {path}")
-
-    def is_review(self, method: str, path: str) -> bool:
-        return method == "POST" and path in MUTATE_PATHS
 
     def recorded(
         self, status: int, body: bytes, review: dict[str, Any] | None, decision: Decision | None

@@ -33,6 +33,7 @@ import orjson
 
 from function.admission.review import Admission
 from function.admission.wire import AdmissionReview, BadReview, parse_review
+from function.core.config import Config
 from function.core.engine import Decision
 from function.core.pod import CONTAINER_LISTS
 
@@ -47,11 +48,10 @@ CHILD_NICENESS = 10
 """CFS gives a nice-10 process about a tenth of the weight of the nice-0 worker beside it."""
 
 
-def _start_child() -> None:
-    # In the child: the engine from the same configuration file as the worker (CASTSLICE_CONFIG
-    # is inherited), without a recorder: the worker records.
+def _start_child(config: Config) -> None:
+    # In the child: the engine from the worker's configuration (passed, pickled), without a
+    # recorder: the worker records.
     global _admission
-    from function.core.config import load_config
     from function.core.engine import Engine
     from function.serve.app import configure_logging
 
@@ -59,7 +59,7 @@ def _start_child() -> None:
     # Lower priority than the worker: on a shared core the scheduler then runs the worker (small
     # reviews, /healthz) as soon as it has work; the child still gets every cycle the worker leaves.
     os.nice(CHILD_NICENESS)
-    _admission = Admission(Engine(load_config()))
+    _admission = Admission(Engine(config))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
@@ -69,10 +69,6 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(0)
-
-
-def _ready() -> bool:
-    return _admission is not None
 
 
 def _strings(value: Any, found: set[str]) -> set[str]:
@@ -145,16 +141,28 @@ def decide(body: bytes) -> Outcome:
 
 
 class LargeReviews:
-    """One child process deciding large reviews (started at once, so the first one does not wait)."""
+    """One child process deciding large reviews with ``config``'s engine, spawned on the first
+    large review, in the serving process: building a webhook starts no process."""
 
-    def __init__(self) -> None:
-        self.pool = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_start_child
-        )
-        self.pool.submit(_ready)
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def submit(self, body: bytes) -> Future[Outcome]:
-        return self.pool.submit(decide, body)
+        return self._started().submit(decide, body)
+
+    def _started(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self.pool is None:
+                self.pool = ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_child,
+                    initargs=(self.config,),
+                )
+            return self.pool
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)

@@ -12,19 +12,19 @@ possibly already in the kernel's buffer, which answers those requests with a TCP
 ``CastSliceWorker`` is the uvicorn worker that uses it (``castslice serve`` passes it to gunicorn
 as ``worker_class``). The values are in function/contract.py and the README ("The HTTP surface").
 
-It also answers admission reviews directly (``DirectReviews``): a review is small, its answer is
+It also answers admission reviews itself, with the review handler of the app it serves (the
+app's ``reviews``, see function/serve/asgi.py ``ServingApp``): a review is small, its answer is
 computed synchronously (WebhookHttp.handle never awaits), and ASGI's per-request machinery (a
 task, an event, message dicts, two writes) costs about as much as deciding a Pod. A review whose
 body is declared, not too large and arrives while the client reads its replies is answered from
-the parser's callback, in one write; anything else takes the ASGI path as before.
+the parser's callback, in one write; anything else takes the ASGI path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 import uvicorn
@@ -38,11 +38,10 @@ from function.contract import (
     IDLE_KEEPALIVE_SECONDS,
     LARGE_BODY_BYTES,
     MAX_HEADER_BYTES,
-    MUTATE_PATHS,
     SHUTDOWN_LINGER_SECONDS,
     SHUTDOWN_PICKUP_SECONDS,
 )
-from function.serve.http_api import HttpReply
+from function.serve.http_api import INTERNAL_ERROR, HttpReply, ReviewHandler, is_review, problem
 
 log = logging.getLogger("castslice.server")
 
@@ -55,28 +54,28 @@ if not hasattr(HttpToolsProtocol, "_start_asgi_task"):
     )
 
 
-def _problem(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": message, "status": status}).encode()
-    return (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode() + body
+def http_bytes(reply: HttpReply, head: Iterable[bytes] = (), close: bool = False) -> bytes:
+    """``reply`` as HTTP/1.1 bytes: status line, ``head`` (whole header lines), its headers."""
+    parts = [STATUS_LINE[reply.status], *head]
+    parts += (b"content-type: ", reply.content_type.encode("latin-1"), b"\r\n")
+    parts += (b"content-length: ", str(len(reply.body)).encode("latin-1"), b"\r\n")
+    for name, text in reply.headers.items():
+        parts += (name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n")
+    if close:
+        parts.append(b"connection: close\r\n")
+    parts += (b"\r\n", reply.body)
+    return b"".join(parts)
 
 
-HEADERS_TOO_LARGE = _problem(
-    431, "Request Header Fields Too Large", f"request line and headers larger than {MAX_HEADER_BYTES} bytes"
+HEADERS_TOO_LARGE = http_bytes(
+    problem(431, f"request line and headers larger than {MAX_HEADER_BYTES} bytes"), close=True
 )
-HEADERS_TOO_SLOW = _problem(
-    408, "Request Timeout", f"request line and headers not received within {HEADER_READ_SECONDS:g} s"
+HEADERS_TOO_SLOW = http_bytes(
+    problem(408, f"request line and headers not received within {HEADER_READ_SECONDS:g} s"), close=True
 )
-BODY_TOO_SLOW = _problem(408, "Request Timeout", f"request body not received within {BODY_READ_SECONDS:g} s")
-
-
-DIRECT_REVIEWS: list[Callable[[str, bytes], HttpReply]] = []
-"""The synchronous review handler (path, body) the protocol answers reviews with, registered by
-the app ``castslice serve`` runs (function/serve/asgi.py); empty: every request takes the ASGI path."""
-
-INTERNAL_ERROR = HttpReply(500, b'{"error":"internal error (logged by the webhook)","status":500}')
+BODY_TOO_SLOW = http_bytes(
+    problem(408, f"request body not received within {BODY_READ_SECONDS:g} s"), close=True
+)
 
 
 def _direct_eligible(cycle: RequestResponseCycle) -> bool:
@@ -84,7 +83,7 @@ def _direct_eligible(cycle: RequestResponseCycle) -> bool:
     larger than what is decided on the event loop anyway (function/serve/offload.py takes the rest),
     and without ``Expect: 100-continue`` (which ASGI's receive answers)."""
     scope = cycle.scope
-    if scope["method"] != "POST" or scope["path"] not in MUTATE_PATHS or cycle.waiting_for_100_continue:
+    if not is_review(scope["method"], scope["path"]) or cycle.waiting_for_100_continue:
         return False
     for name, value in scope["headers"]:
         if name == b"content-length":
@@ -105,6 +104,9 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         self._eof_sent = False
         self._direct: RequestResponseCycle | None = None
         """A review read by this protocol, to be answered when its body is complete."""
+        self._reviews: ReviewHandler | None = getattr(self.config.app, "reviews", None)
+        """The served app's review handler (function/serve/asgi.py ServingApp); None: every
+        request takes the ASGI path."""
 
     # -- connection life ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -181,7 +183,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- reviews answered here ----------------------------------------------------------------
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        if DIRECT_REVIEWS and not self.flow.write_paused and _direct_eligible(cycle):
+        if self._reviews is not None and not self.flow.write_paused and _direct_eligible(cycle):
             # A client not reading its replies (write_paused) goes the ASGI way, which waits.
             if cycle.more_body:
                 self._direct = cycle  # answered in on_message_complete
@@ -197,24 +199,15 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         if self._direct is not cycle:
             return
         self._direct = None
-        if self.transport.is_closing() or cycle.disconnected:
+        if self.transport.is_closing() or cycle.disconnected or self._reviews is None:
             return
         try:
-            reply = DIRECT_REVIEWS[0](cycle.scope["path"], bytes(cycle.body))
+            reply = self._reviews.handle("POST", cycle.scope["path"], bytes(cycle.body))
         except Exception:  # the handler guards itself; this is the server's last resort
             log.exception("unexpected error answering a review")
             reply = INTERNAL_ERROR
         cycle.body = bytearray()
-        head = [STATUS_LINE[reply.status]]
-        for default_name, default_value in cycle.default_headers:
-            head += (default_name, b": ", default_value, b"\r\n")
-        head += (b"content-type: ", reply.content_type.encode("latin-1"), b"\r\n")
-        head += (b"content-length: ", str(len(reply.body)).encode("latin-1"), b"\r\n")
-        for name, text in reply.headers.items():
-            head += (name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n")
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += (b"\r\n", reply.body)
+        defaults = [b"%s: %s\r\n" % (name, value) for name, value in cycle.default_headers]
         if cycle.access_log:
             # uvicorn's own access line, argument for argument: its AccessFormatter unpacks five.
             cycle.access_logger.info(
@@ -227,7 +220,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             )
         cycle.response_started = True
         cycle.response_complete = True
-        self.transport.write(b"".join(head))
+        self.transport.write(http_bytes(reply, defaults, close=not cycle.keep_alive))
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from tests.audit_support import (
     served_consumer,
     wait_for,
 )
-from tests.support import asgi_client, load_review, review_names
+from tests.support import asgi_client, load_review, review_names, served_webhook
 
 SECRET = "s3cr3t-do-not-leak"
 DRY_RUN = "default-dry-run-probe"
@@ -63,9 +62,8 @@ def write_config(tmp_path: Path, **audit: Any) -> Path:
     return path
 
 
-def served_recorder() -> Any:
-    # create_asgi_app loads function/func.py as the module "func"; its webhook is the one served.
-    return sys.modules["func"].webhook.admission.recorder
+def served_recorder(client: Any) -> Any:
+    return served_webhook(client).admission.recorder
 
 
 def stored_rows(db: Path) -> list[dict[str, Any]]:
@@ -98,7 +96,7 @@ def test_every_decision_reaches_the_consumer_once_with_its_exact_patch_and_reaso
 
     db = tmp_path / "audit.sqlite3"
     wait_for(lambda: len(stored_rows(db)) >= len(DECIDED), 15, what="every event in SQLite")
-    assert served_recorder().close(5) == 0
+    assert served_recorder(client).close(5) == 0
     rows = stored_rows(db)
 
     per_uid = Counter(row["request_uid"] for row in rows)
@@ -162,7 +160,7 @@ def test_a_failing_sink_changes_no_answer_loses_no_event_and_keeps_the_queue_bou
     )
     try:
         client = asgi_client(monkeypatch, config, K_SINK=url)
-        recorder = served_recorder()
+        recorder = served_recorder(client)
         expected = expected_replies()
         slowest = 0.0
         for review in REVIEWS.values():

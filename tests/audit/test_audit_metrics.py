@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.audit_support import refused_url, wait_for
-from tests.support import asgi_client, load_review
+from tests.support import asgi_client, load_review, served_webhook
 
 
 def samples(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -31,9 +31,8 @@ def value(found: dict[Any, float], name: str, **labels: str) -> float:
     return found.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def recorder() -> Any:
-    # create_asgi_app loads function/func.py as the module "func"; its webhook is the one served.
-    return sys.modules["func"].webhook.admission.recorder
+def recorder(client: Any) -> Any:
+    return served_webhook(client).admission.recorder
 
 
 def not_a_pod_create() -> dict[str, Any]:
@@ -74,7 +73,7 @@ def test_metrics_count_answers_decisions_and_events(monkeypatch: pytest.MonkeyPa
     for reason in ("queue_full", "rejected", "retries_exhausted", "shutdown"):
         assert value(found, "castslice_audit_events_spilled_total", reason=reason) == 0
     assert ("process_cpu_seconds_total", ()) in found or sys.platform != "linux"
-    recorder().close()
+    recorder(client).close()
 
 
 def test_metrics_count_retries_and_spills(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -96,7 +95,7 @@ def test_metrics_count_retries_and_spills(monkeypatch: pytest.MonkeyPatch, tmp_p
     found = samples(client)
     assert value(found, "castslice_audit_event_retries_total", sink="knative") == 2
     assert value(found, "castslice_audit_events_delivered_total", sink="knative") == 0
-    recorder().close()
+    recorder(client).close()
 
 
 def test_not_ready_once_shutting_down_but_a_dead_sink_never_makes_it_unready(
@@ -104,7 +103,7 @@ def test_not_ready_once_shutting_down_but_a_dead_sink_never_makes_it_unready(
 ) -> None:
     client = asgi_client(monkeypatch, K_SINK=refused_url())
     assert client.get("/readyz").status_code == 200
-    recorder().close(0.1)
+    recorder(client).close(0.1)
     assert client.get("/readyz").status_code == 503
     # Answers still come while shutting down; their events go straight to stdout.
     assert client.post("/mutate", json=load_review("default-slice-inference")).status_code == 200

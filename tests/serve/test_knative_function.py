@@ -15,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ import yaml
 from function.func import KnativeFunction, new
 from tests.audit_support import HangingSink, free_port, parse_lines, wait_for
 from tests.support import DATA, decode_reply, load_review
+from tests.view_support import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 REVIEW = "default-slice-inference"
@@ -189,3 +192,77 @@ def test_importing_the_package_does_not_build_a_webhook() -> None:
 
     with pytest.raises(AttributeError, match="handle"):
         function.handle  # noqa: B018 - func's scaffolding falls back to `handle`: there is none
+
+
+def kubeconfig_for(url: str, path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "fake", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+def test_under_func_python_a_cluster_reading_mutator_starts_one_set_of_watches(tmp_path: Path) -> None:
+    # The configuration reaches the process both ways (environment and cfg): a webhook built at
+    # import besides the one start(cfg) builds would list and watch everything twice.
+    config = tmp_path / "castslice.yaml"
+    config.write_text(yaml.safe_dump({"spot": {"enabled": True, "spotPercentageOfReplicaSet": 50}}))
+    watched = {"/api/v1/pods", "/apis/apps/v1/replicasets"}
+    with FakeApiServer() as api:
+        kubeconfig = kubeconfig_for(api.url, tmp_path / "kubeconfig")
+        served = Middleware(tmp_path, {"CASTSLICE_CONFIG": str(config), "KUBECONFIG": str(kubeconfig)})
+        try:
+            wait_for(served.up, timeout=30, interval=0.1, what="func-python ready (the watches synced)")
+            wait_for(lambda: len(api.requests("watch")) >= len(watched), 10, what="the watches")
+            review = load_review(REVIEW)
+            assert httpx.post(f"{served.url}/mutate", json=review, timeout=10).status_code == 200
+            time.sleep(0.5)  # room for a second set to show itself
+            lists = Counter(seen.path for seen in api.requests("list"))
+            watches = Counter(seen.path for seen in api.requests("watch"))
+        finally:
+            served.stop()
+    assert lists == dict.fromkeys(watched, 1)
+    assert watches == dict.fromkeys(watched, 1)
+
+
+PROBE_IMPORT = """
+import gc, sys, threading
+import function.func
+from function.serve.http_api import WebhookHttp
+built = [o for o in gc.get_objects() if isinstance(o, WebhookHttp)]
+print(len(built), threading.active_count(), function.func._webhook.built)
+"""
+
+
+def probe(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run in a fresh interpreter, with a configuration that cannot be read (building a
+    webhook would raise), ``function`` from the installed project."""
+    env = {**os.environ, "CASTSLICE_CONFIG": "/nonexistent/castslice.yaml"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+def test_importing_the_entry_points_builds_no_webhook_and_starts_no_thread(tmp_path: Path) -> None:
+    done = probe(PROBE_IMPORT, tmp_path)
+    assert done.stdout.split() == ["0", "1", "None"], done.stderr
+
+
+PROBE_AUDIT_TARGET = """
+import gc, threading
+from function.serve.asgi import serving_app
+from function.serve.http_api import WebhookHttp
+app = serving_app("audit")
+print(len([o for o in gc.get_objects() if isinstance(o, WebhookHttp)]), threading.active_count())
+"""
+
+
+def test_the_audit_consumer_target_builds_no_webhook(tmp_path: Path) -> None:
+    done = probe(PROBE_AUDIT_TARGET, tmp_path)
+    assert done.stdout.split() == ["0", "1"], done.stderr

@@ -17,7 +17,7 @@ from function.admission.review import Admission
 from function.audit.metrics import AuditMetrics
 from function.audit.recorder import AuditRecorder
 from function.contract import LARGE_BODY_BYTES
-from function.core.config import parse_config
+from function.core.config import load_config_file, parse_config
 from function.core.engine import Engine
 from function.serve import offload
 from function.serve.http_api import WebhookHttp
@@ -125,12 +125,22 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
     assert len(events()) == 2 + small_answers  # the large ones are recorded by the worker too
 
 
-@pytest.mark.parametrize(("config", "offloaded"), [("{}", True), ("podMutations: {enabled: true}", False)])
+@pytest.mark.parametrize(
+    ("config", "chosen", "offloaded"),
+    [
+        ("{}", None, True),
+        ("podMutations: {enabled: true}", None, False),
+        ("podMutations: {enabled: true}", "process", True),
+        ("{}", "event-loop", False),
+    ],
+)
 def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, config: str, offloaded: bool
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, config: str, chosen: str | None, offloaded: bool
 ) -> None:
     """The large-review process has no cluster view: with a mutator that reads the cluster on,
-    large Pods stay on the event loop rather than being decided on an empty view."""
+    large Pods stay on the event loop rather than being decided on an empty view, unless
+    CASTSLICE_LARGE_REVIEWS says otherwise. The choice and the configuration reach the app as
+    arguments; the environment is left as it was."""
     import functions_framework._http
 
     import function.serve.asgi
@@ -141,12 +151,23 @@ def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
         def run(self, host: str, port: int) -> None:
             return None
 
+    built: list[tuple[str, Any, bool]] = []
+
+    def serving_app(target: str, config: Any = None, *, large_reviews: bool = False) -> Any:
+        built.append((target, config, large_reviews))
+        return object()
+
     monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
-    # No app either: building it would start the watches, which need a cluster.
-    monkeypatch.setattr(function.serve.asgi, "serving_app", lambda *a, **k: object())
-    monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
+    monkeypatch.setattr(function.serve.asgi, "serving_app", serving_app)
+    if chosen is None:
+        monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(LARGE_REVIEWS_ENV, chosen)
     monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
     path = tmp_path / "config.yaml"
     path.write_text(config)
     assert cli.main(["serve", "--config", str(path), "--port", "0"]) == 0
-    assert (os.environ.get(LARGE_REVIEWS_ENV) == "process") is offloaded
+    [(target, given, large_reviews)] = built
+    assert (target, large_reviews) == ("mutate", offloaded)
+    assert given == load_config_file(path)  # the configuration itself, not a path in the environment
+    assert os.environ.get(LARGE_REVIEWS_ENV) == chosen and "CASTSLICE_CONFIG" not in os.environ

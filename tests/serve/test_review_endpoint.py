@@ -1,11 +1,12 @@
-"""The bare review endpoint `castslice serve` answers reviews with (function/func.py
-``review_endpoint``) against functions-framework's own app serving the same ``mutate`` function:
-the same bytes for every recorded review and every kind of bad body, and the body-reading rules
-(size limits, chunks, a client that leaves) checked on the endpoint itself."""
+"""The bare review endpoint `castslice serve` answers reviews with (function/serve/asgi.py
+``serve_http``, reached through ``serving_app``) against functions-framework's own app serving
+function/func.py's ``mutate``: the same bytes for every recorded review and every kind of bad body,
+and the body-reading rules (size limits, chunks, a client that leaves) checked on the endpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from typing import Any
@@ -73,11 +74,12 @@ def test_everything_but_a_review_is_left_to_functions_framework(monkeypatch: pyt
 
 
 # -- the endpoint itself, driven by hand --------------------------------------------------------
-def _endpoint() -> Any:
-    return sys.modules[FUNC_SOURCE.stem].review_endpoint
+ENDPOINT: Any = None
 
 
-def _call(messages: list[dict[str, Any]], headers: list[tuple[bytes, bytes]] | None = None) -> list[Any]:
+def _call(
+    messages: list[dict[str, Any]], headers: list[tuple[bytes, bytes]] | None = None, app: Any = None
+) -> list[Any]:
     scope = {"type": "http", "method": "POST", "path": "/mutate", "headers": headers or []}
     queue = list(messages)
     sent: list[Any] = []
@@ -88,14 +90,15 @@ def _call(messages: list[dict[str, Any]], headers: list[tuple[bytes, bytes]] | N
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(_endpoint()(scope, receive, send))
+    asyncio.run((app or ENDPOINT)(scope, receive, send))
     assert not queue or all(m["type"] == "http.request" for m in queue)
     return sent
 
 
 @pytest.fixture
 def endpoint_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    _apps(monkeypatch)
+    """ENDPOINT: the serving app, whose reviews go to the bare endpoint."""
+    monkeypatch.setattr(sys.modules[__name__], "ENDPOINT", _apps(monkeypatch)[1])
 
 
 def _reply(sent: list[Any]) -> tuple[int, bytes]:
@@ -159,35 +162,30 @@ def test_a_client_that_leaves_gets_a_408_nobody_reads(endpoint_loaded: None, aft
     assert _reply(_call(messages)) == (408, b"")
 
 
-def test_extra_reply_headers_are_sent(endpoint_loaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extra_reply_headers_are_sent() -> None:
+    from function.serve.asgi import serve_http
     from function.serve.http_api import HttpReply
 
-    module = sys.modules[FUNC_SOURCE.stem]
+    class Allowing:
+        async def answer(self, method: str, path: str, body: bytes | None) -> HttpReply:
+            return HttpReply(405, b"{}", "application/json", {"Allow": "POST"})
 
-    async def answer(method: str, path: str, body: bytes | None) -> HttpReply:
-        return HttpReply(405, b"{}", "application/json", {"Allow": "POST"})
-
-    monkeypatch.setattr(module, "answer", answer)
-    sent = _call([{"type": "http.request", "body": b"", "more_body": False}])
+    endpoint = functools.partial(serve_http, Allowing())
+    sent = _call([{"type": "http.request", "body": b"", "more_body": False}], app=endpoint)
     assert (b"allow", b"POST") in sent[0]["headers"]
     assert (b"content-length", b"2") in sent[0]["headers"]
 
 
-def test_the_serving_app_registers_the_direct_review_handler_with_the_same_answers(
+def test_the_handler_the_serving_app_gives_the_protocol_answers_with_the_same_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Under CastSliceWorker small reviews are answered by the protocol with the registered
-    handler (function/serve/protocol.py): it must give the bytes the ASGI endpoint gives."""
-    from function.serve import protocol as server
-
-    monkeypatch.setattr(server, "DIRECT_REVIEWS", [])
-    plain, _ = _apps(monkeypatch)
-    registered = sys.modules[FUNC_SOURCE.stem].direct_review
-    assert server.DIRECT_REVIEWS[0] is registered and len(server.DIRECT_REVIEWS) == 1
+    """Under CastSliceWorker small reviews are answered by the protocol with the serving app's
+    ``reviews`` (function/serve/protocol.py): it must give the bytes functions-framework's app gives."""
+    plain, served = _apps(monkeypatch)
     with TestClient(plain) as client:
         for path in [*sorted(REVIEWS.glob("*.json"))[:8], None]:
             body = path.read_bytes() if path is not None else b"not json"
             expected = client.post("/mutate", content=body)
-            reply = server.DIRECT_REVIEWS[0]("/mutate", body)
+            reply = served.reviews.handle("POST", "/mutate", body)
             assert (reply.status, reply.body) == (expected.status_code, expected.content)
             assert reply.content_type == expected.headers["content-type"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import logging
 import select
 import signal
@@ -26,7 +27,20 @@ from tests.support import REVIEWS
 SHORT = 0.5
 
 
-async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+class EchoApp:
+    """Answers every request with the size of its body. ``reviews``: the review handler the
+    protocol finds on the app it serves (none: every request takes the ASGI path)."""
+
+    reviews: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await echo(scope, receive, send)
+
+
+ECHO = EchoApp()
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
     body = b""
@@ -54,12 +68,12 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class LoopbackServer:
-    def __init__(self) -> None:
+    def __init__(self, app: Any = ECHO) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         config = uvicorn.Config(
-            echo_app,
+            app,
             host="127.0.0.1",
             port=self.port,
             http=hardened.HardenedHttpToolsProtocol,
@@ -291,15 +305,16 @@ def test_the_http_doc_documents_the_values_in_force() -> None:
     assert {name: rows.get(name) for name in expected} == expected
 
 
-# -- reviews answered by the protocol itself (DIRECT_REVIEWS) ------------------------------------
+# -- reviews answered by the protocol itself (the served app's ``reviews``) -----------------------
 class DirectHandler:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.fail = False
 
-    def __call__(self, path: str, body: bytes) -> Any:
+    def handle(self, method: str, path: str, body: bytes) -> Any:
         from function.serve.http_api import HttpReply
 
+        assert method == "POST"
         self.calls.append((path, len(body)))
         if self.fail:
             raise RuntimeError("boom")
@@ -321,7 +336,7 @@ def patient(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopbackServer]:
 @pytest.fixture
 def direct(monkeypatch: pytest.MonkeyPatch) -> DirectHandler:
     handler = DirectHandler()
-    monkeypatch.setattr(hardened, "DIRECT_REVIEWS", [handler])
+    monkeypatch.setattr(ECHO, "reviews", handler)  # read by each new connection's protocol
     return handler
 
 
@@ -452,3 +467,43 @@ def test_a_direct_review_writes_uvicorns_own_access_line(
         access.removeHandler(handler)
         access.setLevel(level)
     assert len(lines) == 1 and lines[0].endswith(" - POST /mutate?timeout=10s HTTP/1.1 200 OK"), lines
+
+
+def test_the_serving_app_answers_small_reviews_from_the_protocol_with_its_one_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``castslice serve``'s app under the hardened protocol: a review is decided by the app's own
+    handler, called from the parser's callback, not through ASGI; other requests reach the same
+    handler through ASGI (functions-framework's app)."""
+    from function.serve.asgi import ServingApp, serving_app
+
+    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
+    app = serving_app("mutate")
+    assert isinstance(app, ServingApp)
+    direct: list[str] = []
+    over_asgi: list[str] = []
+    handle, answer = app.reviews.handle, app.reviews.answer
+
+    def counted_handle(method: str, path: str, body: bytes | None) -> Any:
+        direct.append(path)
+        return handle(method, path, body)
+
+    async def counted_answer(method: str, path: str, body: bytes | None) -> Any:
+        over_asgi.append(path)
+        return await answer(method, path, body)
+
+    monkeypatch.setattr(app.reviews, "handle", counted_handle)
+    monkeypatch.setattr(app.reviews, "answer", counted_answer)
+    server = LoopbackServer(app)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        connection.request("POST", "/mutate", (REVIEWS / "default-slice-inference.json").read_bytes())
+        reply = connection.getresponse()
+        assert reply.status == 200
+        assert json.loads(reply.read())["response"]["patchType"] == "JSONPatch"
+        connection.request("GET", "/healthz")
+        reply = connection.getresponse()
+        assert (reply.status, json.loads(reply.read())) == (200, {"status": "ok"})
+    finally:
+        server.stop()
+    assert (direct, over_asgi) == (["/mutate"], ["/healthz"])
