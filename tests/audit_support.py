@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from cloudevents.http import CloudEvent
 
+from function.admission.facts import audit_facts
 from function.admission.review import Admission
 from function.admission.wire import parse_review
 from function.audit.events import build_event
@@ -322,10 +323,10 @@ def event_for(name: str, number: int, minutes: int = 0, namespace: str | None = 
         document["request"]["namespace"] = namespace
         document["request"]["object"]["metadata"]["namespace"] = namespace
     review = parse_review(json.dumps(document).encode())
-    _, decision = Admission(Engine(Config())).review(review)
+    decision = Admission(Engine(Config())).review(review).decision
     assert decision is not None
     return build_event(
-        review,
+        audit_facts(review, decision),
         decision,
         event_id=f"ev-{number}",
         decided_at=START + timedelta(minutes=minutes),

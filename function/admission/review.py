@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from function.admission.facts import AuditFacts, audit_facts
 from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
 from function.core.engine import Decision, Engine
 from function.core.mutators.base import RequestContext
@@ -16,21 +17,24 @@ log = logging.getLogger("castslice.admission")
 
 
 class DecisionRecorder(Protocol):
-    """Where decisions go after the reply is built (audit events, metrics). Must never block."""
+    """Where decisions go after the reply is built (audit events, metrics), with the request's
+    audit facts, never the review itself. Must never block."""
 
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None: ...
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None: ...
 
 
 class NoRecorder:
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
         return None
 
 
 class Answer(NamedTuple):
-    """The reply to one review, and the engine's decision (None when the request was not ours)."""
+    """The reply to one review, the engine's decision (None when the request was not ours) and
+    the audit facts it was recorded with (None if they could not be taken, which is logged)."""
 
     response: AdmissionResponse
     decision: Decision | None
+    facts: AuditFacts | None = None
 
     def review(self, api_version: str) -> dict[str, object]:
         return self.response.review(api_version)
@@ -106,8 +110,18 @@ class Admission:
                 log.exception("internal error answering request uid %s", request.uid)
                 decision = self.engine.internal_error(error, ctx)
                 response = response_for(request.uid, decision)
+        facts: AuditFacts | None = None
         try:
-            self.recorder.record(review, decision)
+            facts = audit_facts(review, decision)
         except Exception:  # recording must never turn an answer into a failure
-            log.exception("recording the decision failed (request uid %s)", request.uid)
-        return Answer(response, decision)
+            log.exception("taking the audit facts failed (request uid %s)", request.uid)
+        else:
+            self.record(facts, decision)
+        return Answer(response, decision, facts)
+
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
+        """Hands a decision to the recorder: also for one decided in another process."""
+        try:
+            self.recorder.record(facts, decision)
+        except Exception:  # recording must never turn an answer into a failure
+            log.exception("recording the decision failed (request uid %s)", facts.uid)

@@ -1,11 +1,12 @@
-"""One admission decision as one CloudEvent: a pure function of the review, the decision and the
-identity of the moment (event id, time), so it is tested without a clock, a network or a queue.
+"""One admission decision as one CloudEvent: a pure function of the request's audit facts
+(function/admission/facts.py), the decision and the identity of the moment (event id, time), so
+it is tested without a clock, a network or a queue.
 
 What goes in is chosen field by field, never copied wholesale from the Pod: the Pod's env values,
 annotation values and spec can hold secrets, and an audit pipeline fans events out widely. The one
 part of the Pod that can reach an event is the JSON Patch (it is what the webhook did); values in
 it that sit where secrets live (env values, command and args) and were copied from the user's
-Pod are replaced by ``[redacted]``, and the event says how many.
+Pod (the facts' ``secrets``) are replaced by ``[redacted]``, and the event says how many.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 from cloudevents.http import CloudEvent
 
-from function.admission.wire import AdmissionReview
+from function.admission.facts import AuditFacts, secret_strings
 from function.audit.sinks import WireEvent, compact_json
 from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
 from function.core.engine import ENGINE_VERSION, Decision
@@ -51,7 +53,6 @@ EXTENSION_NAME: Final = re.compile(r"^[a-z0-9]{1,20}$")
 _CORE_ATTRIBUTES: Final = frozenset(
     {"id", "source", "specversion", "type", "datacontenttype", "dataschema", "subject", "time", "data"}
 )
-_SECRET_CONTAINER_FIELDS: Final = ("containers", "initContainers", "ephemeralContainers")
 
 
 def format_time(moment: datetime) -> str:
@@ -108,89 +109,8 @@ def parse_extension_overrides(raw: str | None) -> dict[str, str]:
 
 
 # -- what the data holds ----------------------------------------------------------------------------
-def _metadata(pod: Any) -> Mapping[str, Any]:
-    metadata = pod.get("metadata") if isinstance(pod, dict) else None
-    return metadata if isinstance(metadata, dict) else {}
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
 def _bounded(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
-
-
-def _owner(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
-    references = metadata.get("ownerReferences")
-    if not isinstance(references, list):
-        return None
-    candidates = [ref for ref in references if isinstance(ref, dict)]
-    if not candidates:
-        return None
-    chosen = next((ref for ref in candidates if ref.get("controller") is True), candidates[0])
-    return {
-        "apiVersion": str(chosen.get("apiVersion", "")),
-        "kind": str(chosen.get("kind", "")),
-        "name": str(chosen.get("name", "")),
-        "uid": str(chosen.get("uid", "")),
-        "controller": chosen.get("controller") is True,
-    }
-
-
-def pod_identity(review: AdmissionReview) -> dict[str, Any]:
-    request = review.request
-    metadata = _metadata(request.object)
-    namespace = request.namespace or _text(metadata.get("namespace")) or ""
-    return {
-        "namespace": namespace,
-        "name": _text(request.name) or _text(metadata.get("name")),
-        "generateName": _text(metadata.get("generateName")),
-        "owner": _owner(metadata),
-    }
-
-
-def _secret_values(pod: Any) -> set[str]:
-    """Strings in the user's Pod that sit where secrets live: env values, command and args."""
-    spec = pod.get("spec") if isinstance(pod, dict) else None
-    found: set[str] = set()
-    if not isinstance(spec, dict):
-        return found
-    for field in _SECRET_CONTAINER_FIELDS:
-        containers = spec.get(field)
-        for container in containers if isinstance(containers, list) else []:
-            if not isinstance(container, dict):
-                continue
-            for env in container.get("env") or []:
-                if isinstance(env, dict) and isinstance(env.get("value"), str):
-                    found.add(env["value"])
-            for key in ("command", "args"):
-                items = container.get(key)
-                if isinstance(items, list):
-                    found.update(item for item in items if isinstance(item, str))
-    return found
-
-
-def _may_redact(patch: Sequence[Operation]) -> bool:
-    """Whether redaction could change anything in ``patch``; when not, the Pod need not be
-    searched for secrets (a walk of every container, per event).
-
-    Only a string at ``.../env/<i>/value`` or in ``.../command`` or ``.../args`` is ever replaced,
-    and such a path holds the literal text "/env/", "/command/" or "/args/" (an escaped token
-    never unescapes to those names); an object or array value can hold such a place inside.
-    """
-    for op in patch:
-        if "value" not in op:
-            continue
-        value = op["value"]
-        if isinstance(value, str):
-            path = op.get("path", "")
-            path = path if isinstance(path, str) else str(path)
-            if "/env/" in path or "/command/" in path or "/args/" in path:
-                return True
-        elif isinstance(value, dict | list):
-            return True
-    return False
 
 
 def _unescape(token: str) -> str:
@@ -209,7 +129,7 @@ def _at_secret_position(path: tuple[str, ...]) -> bool:
     return len(path) >= 2 and path[-2] in ("command", "args") and (path[-1].isdigit() or path[-1] == "-")
 
 
-def _redacted_value(value: Any, path: tuple[str, ...], secrets: set[str]) -> tuple[Any, int]:
+def _redacted_value(value: Any, path: tuple[str, ...], secrets: AbstractSet[str]) -> tuple[Any, int]:
     if isinstance(value, str):
         hit = _at_secret_position(path) and value in secrets
         return (REDACTED, 1) if hit else (value, 0)
@@ -231,7 +151,7 @@ def _redacted_value(value: Any, path: tuple[str, ...], secrets: set[str]) -> tup
     return value, 0
 
 
-def _redacted_ops(patch: Sequence[Operation], secrets: set[str]) -> tuple[list[Operation], int]:
+def _redacted_ops(patch: Sequence[Operation], secrets: AbstractSet[str]) -> tuple[list[Operation], int]:
     result: list[Operation] = []
     total = 0
     for op in patch:
@@ -250,7 +170,7 @@ def redact_patch(patch: tuple[Operation, ...] | list[Operation], pod: Any) -> tu
     A value CastSlice itself sets (an env var it adds) is kept: only strings also present at a
     secret-bearing place of the user's Pod are replaced, so ordinary patches stay exact.
     """
-    secrets = _secret_values(pod)
+    secrets = secret_strings(pod)
     if not secrets:
         return [dict(op) for op in patch], 0
     return _redacted_ops(patch, secrets)
@@ -282,7 +202,7 @@ def _over_patch_limit(patch: Sequence[Operation]) -> int | None:
 
 
 def _data(
-    review: AdmissionReview,
+    facts: AuditFacts,
     decision: Decision,
     config_digest: str,
     decided_at: datetime,
@@ -291,8 +211,7 @@ def _data(
 ) -> dict[str, Any]:
     """event_data; with ``copy_patch`` false an unredacted patch is the decision's own operations
     (the caller serializes the data at once and never hands it out)."""
-    request = review.request
-    secrets = _secret_values(request.object) if _may_redact(decision.patch) else None
+    secrets = facts.secrets
     patch: Sequence[Operation]
     if secrets:
         patch, redactions = _redacted_ops(decision.patch, secrets)
@@ -304,12 +223,9 @@ def _data(
         patch, redactions = [], 0
         omitted = f"patch of {size} bytes is larger than the {MAX_PATCH_BYTES}-byte limit for events"
     return {
-        "request": {"uid": request.uid, "operation": request.operation, "apiVersion": review.apiVersion},
-        "user": {
-            "username": request.userInfo.username or "",
-            "groups": list(request.userInfo.groups or ()),
-        },
-        "pod": pod_identity(review),
+        "request": {"uid": facts.uid, "operation": facts.operation, "apiVersion": facts.api_version},
+        "user": {"username": facts.username, "groups": list(facts.groups)},
+        "pod": facts.pod.as_dict(),
         "outcome": decision.outcome,
         "allowed": decision.allowed,
         "reason": _bounded(decision.reason),
@@ -327,7 +243,7 @@ def _data(
 
 
 def event_data(
-    review: AdmissionReview,
+    facts: AuditFacts,
     decision: Decision,
     *,
     config_digest: str,
@@ -335,7 +251,7 @@ def event_data(
     engine_version: str = ENGINE_VERSION,
 ) -> dict[str, Any]:
     """The ``data`` of the event; decision-event.v1.json is its schema."""
-    return _data(review, decision, config_digest, decided_at, engine_version, copy_patch=True)
+    return _data(facts, decision, config_digest, decided_at, engine_version, copy_patch=True)
 
 
 def _attributes(
@@ -364,7 +280,7 @@ def _attributes(
 
 
 def build_event(
-    review: AdmissionReview,
+    facts: AuditFacts,
     decision: Decision,
     *,
     event_id: str,
@@ -376,13 +292,13 @@ def build_event(
 ) -> CloudEvent:
     """The CloudEvent for one decision. ``extensions`` are K_CE_OVERRIDES (already checked)."""
     data = event_data(
-        review, decision, config_digest=config_digest, decided_at=decided_at, engine_version=engine_version
+        facts, decision, config_digest=config_digest, decided_at=decided_at, engine_version=engine_version
     )
     return CloudEvent(_attributes(data, decision, event_id, source, extensions), data)
 
 
 def build_wire_event(
-    review: AdmissionReview,
+    facts: AuditFacts,
     decision: Decision,
     *,
     event_id: str,
@@ -395,5 +311,5 @@ def build_wire_event(
     """``WireEvent.of(build_event(...))`` without the CloudEvent in between: what the recorder
     queues on the admission path, where building the object and reading it back cost more than
     the event itself. The same attributes in the same order and the same data bytes."""
-    data = _data(review, decision, config_digest, decided_at, engine_version, copy_patch=False)
+    data = _data(facts, decision, config_digest, decided_at, engine_version, copy_patch=False)
     return WireEvent(event_id, _attributes(data, decision, event_id, source, extensions), compact_json(data))

@@ -3,7 +3,7 @@
 ``record`` runs on the admission path after the reply is built, so it only counts, builds the
 event straight in its wire form (events.build_wire_event: a few microseconds) and hands it to
 the sender without blocking. No event for:
-- a dry run (``request.dryRun``): the webhook declares ``sideEffects: NoneOnDryRun``;
+- a dry run (the request's ``dryRun``): the webhook declares ``sideEffects: NoneOnDryRun``;
 - a request that is not a Pod CREATE (``decision`` is None): the webhook is registered for Pod
   CREATE only, so such a request means a misconfigured rule; it is passed through untouched and
   nothing was decided. It is counted (outcome "ignored") so the misconfiguration shows.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final
 
-from function.admission.wire import AdmissionReview
+from function.admission.facts import AuditFacts
 from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import build_wire_event, parse_extension_overrides
 from function.audit.metrics import IGNORED, AuditMetrics
@@ -61,8 +61,8 @@ class AuditRecorder:
         self._new_id = new_id
         self._now = now
 
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
-        dry_run = bool(review.request.dryRun)
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
+        dry_run = facts.dry_run
         if decision is None:
             self.metrics.admission(IGNORED, dry_run, None)
             return
@@ -70,7 +70,7 @@ class AuditRecorder:
         if dry_run or self.sender is None:
             return
         event = build_wire_event(
-            review,
+            facts,
             decision,
             event_id=self._new_id(),
             decided_at=self._now(),

@@ -14,12 +14,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from function.admission.facts import AuditFacts
 from function.admission.review import Admission
-from function.admission.wire import AdmissionReview, BadReview, parse_review
+from function.admission.wire import BadReview, parse_review
 from function.contract import (
     HEALTHZ_PATH,
     LARGE_BODY_BYTES,
@@ -31,7 +32,9 @@ from function.contract import (
     VALIDATE_PODMUTATIONS_PATH,
 )
 from function.core.engine import Decision
-from function.serve.offload import LargeReviews
+
+if TYPE_CHECKING:
+    from function.serve.offload import LargeReviews
 
 log = logging.getLogger("castslice.http")
 
@@ -148,15 +151,12 @@ class WebhookHttp:
         return problem(404, f"no such path: {path}")
 
     def recorded(
-        self, status: int, body: bytes, review: dict[str, Any] | None, decision: Decision | None
+        self, status: int, body: bytes, facts: AuditFacts | None, decision: Decision | None
     ) -> HttpReply:
         """A reply decided elsewhere (function/serve/offload.py), recorded here as ``mutate`` records:
-        ``review`` is the slim review the recorder reads, None for a 400."""
-        if review is not None:
-            try:
-                self.admission.recorder.record(AdmissionReview.model_validate(review), decision)
-            except Exception:  # recording must never turn an answer into a failure
-                log.exception("recording a large review's decision failed")
+        ``facts`` are the request's audit facts, None for a 400."""
+        if facts is not None:
+            self.admission.record(facts, decision)
         return HttpReply(status, body)
 
     def mutate(self, body: bytes) -> HttpReply:

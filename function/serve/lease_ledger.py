@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from function.admission.facts import AuditFacts
 from function.admission.review import DecisionRecorder
-from function.admission.wire import AdmissionReview
 from function.core.config import Config
 from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
@@ -123,14 +123,14 @@ class LeaseLedgerRecorder:
     ) -> None:
         self.inner, self.ledger, self.turns = inner, ledger, turns
 
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
         try:
-            if decision is not None and decision.outcome == "mutated" and not review.request.dryRun:
+            if decision is not None and decision.outcome == "mutated" and not facts.dry_run:
                 self.ledger.observe_admitted(decision.mutated_pod)
         finally:
             if self.turns is not None:
                 self.turns.end()
-        self.inner.record(review, decision)
+        self.inner.record(facts, decision)
 
 
 def lease_ledger_for(config: Config) -> LeaseLedger | None:

@@ -8,11 +8,10 @@ six 3 MiB reviews in flight on a thread, against a 5 ms target). A process has i
 event loop keeps answering small reviews while the large one is decided beside it.
 
 ``LargeReviews`` keeps one child process (spawned, so it shares no threads or loop state with the
-worker) that parses and decides; it sends back the reply bytes and the decision, and the worker
-records it (metrics, audit event) exactly as for a small review, from a slim copy of the review
-that holds what the recorder reads: the request's identity and the Pod's metadata, env, command
-and args (the patch's secrets are redacted against those). One child, one review at a time, in
-arrival order: more would only share the same core.
+worker) that parses and decides; it sends back the reply bytes, the decision and the request's
+audit facts (function/admission/facts.py), and the worker records them (metrics, audit event)
+exactly as for a small review. One child, one review at a time, in arrival order: more would
+only share the same core.
 
 Limitation: the child has no cluster view (function/core/view.py); a plug-in that reads cluster
 state sees an empty one for a review larger than LARGE_BODY_BYTES.
@@ -27,20 +26,20 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 import orjson
 
+from function.admission.facts import AuditFacts
 from function.admission.review import Admission
-from function.admission.wire import AdmissionReview, BadReview, parse_review
+from function.admission.wire import BadReview, parse_review
 from function.core.config import Config
 from function.core.engine import Decision
-from function.core.pod import CONTAINER_LISTS
+from function.serve.http_api import problem
 
 log = logging.getLogger("castslice.offload")
 
-Outcome = tuple[int, bytes, dict[str, Any] | None, Decision | None]
-"""HTTP status, reply body, the slim review to record (None for a 400), the decision."""
+Outcome = tuple[int, bytes, AuditFacts | None, Decision | None]
+"""HTTP status, reply body, the audit facts to record (None for a 400), the decision."""
 
 _admission: Admission | None = None
 
@@ -71,59 +70,6 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _strings(value: Any, found: set[str]) -> set[str]:
-    if isinstance(value, str):
-        found.add(value)
-    elif isinstance(value, dict):
-        for member in value.values():
-            _strings(member, found)
-    elif isinstance(value, list):
-        for member in value:
-            _strings(member, found)
-    return found
-
-
-def slim_review(review: AdmissionReview, decision: Decision | None) -> dict[str, Any]:
-    """The review as the recorder reads it, without the bulk of the Pod: the request's identity,
-    the Pod's identifying metadata, and of its env values, commands and args (what the event's
-    patch is redacted against) only those the patch itself contains, so the event is the same."""
-    data = review.model_dump(exclude={"request": {"object", "oldObject", "options"}})
-    pod: dict[str, Any] = review.request.object if isinstance(review.request.object, dict) else {}
-    metadata: dict[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), dict) else {}
-    spec: dict[str, Any] = pod["spec"] if isinstance(pod.get("spec"), dict) else {}
-    in_patch: set[str] = set()
-    for operation in decision.patch if decision is not None else ():
-        _strings(operation.get("value"), in_patch)
-    slim_spec: dict[str, Any] = {}
-    for kind in CONTAINER_LISTS:
-        containers = spec.get(kind)
-        if not isinstance(containers, list):
-            continue
-        slim_spec[kind] = []
-        for container in containers:
-            slim: dict[str, Any] = {}
-            if isinstance(container, dict):
-                env = container.get("env")
-                if isinstance(env, list):
-                    slim["env"] = [
-                        e
-                        for e in env
-                        if isinstance(e, dict) and isinstance(e.get("value"), str) and e["value"] in in_patch
-                    ]
-                for key in ("command", "args"):
-                    items = container.get(key)
-                    if isinstance(items, list):
-                        slim[key] = [item for item in items if isinstance(item, str) and item in in_patch]
-            slim_spec[kind].append(slim)
-    kept = ("name", "generateName", "namespace", "ownerReferences")
-    data["request"]["object"] = {
-        "kind": pod.get("kind"),
-        "metadata": {key: metadata[key] for key in kept if key in metadata},
-        "spec": slim_spec,
-    }
-    return data
-
-
 def decide(body: bytes) -> Outcome:
     """In the child: the reply to one body, as WebhookHttp.mutate would build it."""
     assert _admission is not None, "child not started"
@@ -131,13 +77,13 @@ def decide(body: bytes) -> Outcome:
         review = parse_review(body)
     except BadReview as bad:
         log.warning("bad admission request: %s", bad)
-        return 400, orjson.dumps({"error": str(bad), "status": 400}), None, None
+        return 400, problem(400, str(bad)).body, None, None
     answer = _admission.review(review)
     reply = orjson.dumps(answer.review(review.apiVersion))
     decision = answer.decision
     if decision is not None:
         decision = replace(decision, mutated_pod=None)  # the whole Pod: not needed, not sent back
-    return 200, reply, slim_review(review, decision), decision
+    return 200, reply, answer.facts, decision
 
 
 class LargeReviews:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import function.admission.review as admission
+from function.admission.facts import AuditFacts
 from function.admission.review import Admission, naming_pod, request_context, response_for
-from function.admission.wire import AdmissionReview, parse_review
+from function.admission.wire import parse_review
 from function.core.config import parse_config
 from function.core.engine import Decision, Engine
 from function.core.mutators.base import Action, MutatorDecision
@@ -90,7 +91,7 @@ class Recorder:
     def __init__(self) -> None:
         self.decisions: list[Decision | None] = []
 
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
         self.decisions.append(decision)
 
 
@@ -154,7 +155,7 @@ def test_a_request_that_is_not_a_pod_create_is_recorded_as_no_decision() -> None
 
 def test_a_failing_recorder_never_fails_the_answer_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     class Failing:
-        def record(self, review: AdmissionReview, decision: Decision | None) -> None:
+        def record(self, facts: AuditFacts, decision: Decision | None) -> None:
             raise RuntimeError("sink exploded")
 
     with caplog.at_level(logging.ERROR, logger="castslice.admission"):

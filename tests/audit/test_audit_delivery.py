@@ -17,6 +17,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_dict, to_structured
 from cloudevents.http import CloudEvent
 
+from function.admission.facts import audit_facts
 from function.admission.review import request_context
 from function.admission.wire import parse_review
 from function.audit.delivery import EventSender, RetryPolicy
@@ -44,7 +45,7 @@ DECISION = Engine(Config()).decide(REVIEW.request.object, request_context(REVIEW
 
 def make_event(number: int) -> CloudEvent:
     return build_event(
-        REVIEW,
+        audit_facts(REVIEW, DECISION),
         DECISION,
         event_id=f"ev-{number}",
         decided_at=datetime.now(UTC),

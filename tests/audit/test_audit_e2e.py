@@ -46,7 +46,7 @@ def expected_decisions() -> dict[str, Any]:
     admission = Admission(Engine(Config()))
     decisions = {}
     for name in DECIDED:
-        _, decision = admission.review(parse_review(json.dumps(REVIEWS[name]).encode()))
+        decision = admission.review(parse_review(json.dumps(REVIEWS[name]).encode())).decision
         decisions[REVIEWS[name]["request"]["uid"]] = decision
     return decisions
 

@@ -13,6 +13,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_dict, to_structured
 from jsonschema import Draft202012Validator
 
+from function.admission.facts import audit_facts
 from function.admission.review import Admission, request_context
 from function.admission.wire import AdmissionReview, parse_review
 from function.audit.consumer import decision_schema, event_problems
@@ -39,7 +40,7 @@ def decide(
     name: str, config: Config | None = None
 ) -> tuple[AdmissionReview, Decision | None, dict[str, Any]]:
     review = parse_review(json.dumps(load_review(name)).encode())
-    answer, decision = Admission(Engine(config or Config())).review(review)
+    answer, decision, _ = Admission(Engine(config or Config())).review(review)
     return review, decision, answer.review(review.apiVersion)
 
 
@@ -54,7 +55,7 @@ def event_for(name: str, config: Config | None = None, **overrides: Any) -> Any:
         "config_digest": config.digest(),
     }
     options.update(overrides)
-    return build_event(review, decision, **options)
+    return build_event(audit_facts(review, decision), decision, **options)
 
 
 def sent_patch(answer: dict[str, Any]) -> list[Any]:
@@ -85,7 +86,12 @@ def test_mutated_event_data_carries_the_exact_patch_and_the_reasons() -> None:
     review, decision, answer = decide("default-slice-inference", config)
     assert decision is not None
     data = build_event(
-        review, decision, event_id="e", decided_at=MOMENT, source="/s", config_digest=config.digest()
+        audit_facts(review, decision),
+        decision,
+        event_id="e",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest=config.digest(),
     ).data
     assert data["patch"] == sent_patch(answer) and data["patch"]
     assert data["patchRedactions"] == 0 and data["patchOmitted"] is None
@@ -147,7 +153,12 @@ def test_internal_error_has_its_own_type() -> None:
     engine = Engine(Config())
     decision = engine.internal_error(RuntimeError("boom"), request_context(review))
     event = build_event(
-        review, decision, event_id="e", decided_at=MOMENT, source="/s", config_digest="sha256:" + "0" * 16
+        audit_facts(review, decision),
+        decision,
+        event_id="e",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest="sha256:" + "0" * 16,
     )
     assert event["type"] == "io.castops.castslice.admission.error.v1"
     assert event["outcome"] == "error" and event.data["reason"] == "internal error: RuntimeError: boom"
@@ -222,7 +233,12 @@ def test_env_values_copied_into_a_patch_are_redacted_and_counted() -> None:
     review = parse_review(json.dumps(document).encode())
     decision, _ = _replace_containers_decision(review.request.object)
     event = build_event(
-        review, decision, event_id="e", decided_at=MOMENT, source="/s", config_digest="sha256:" + "0" * 16
+        audit_facts(review, decision),
+        decision,
+        event_id="e",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest="sha256:" + "0" * 16,
     )
     serialized = to_structured(event)[1].decode()
     assert SECRET not in serialized
@@ -257,7 +273,12 @@ def test_a_huge_patch_is_left_out_with_the_reason() -> None:
     ]
     decision = Decision("mutated", True, "mutated by test", patch=tuple(big))
     event = build_event(
-        review, decision, event_id="e", decided_at=MOMENT, source="/s", config_digest="sha256:" + "0" * 16
+        audit_facts(review, decision),
+        decision,
+        event_id="e",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest="sha256:" + "0" * 16,
     )
     assert event.data["patch"] == []
     assert "larger than" in event.data["patchOmitted"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from function.admission.facts import audit_facts
 from function.admission.review import Admission, request_context
 from function.admission.wire import AdmissionReview, parse_review
 from function.audit import delivery
@@ -73,9 +74,8 @@ def both(review: AdmissionReview, decision: Decision, **overrides: Any) -> tuple
         "config_digest": "sha256:" + "0" * 16,
     }
     options.update(overrides)
-    return build_wire_event(review, decision, **options), WireEvent.of(
-        build_event(review, decision, **options)
-    )
+    facts = audit_facts(review, decision)
+    return build_wire_event(facts, decision, **options), WireEvent.of(build_event(facts, decision, **options))
 
 
 def same(direct: WireEvent, via_cloud_event: WireEvent) -> None:
@@ -88,7 +88,7 @@ def same(direct: WireEvent, via_cloud_event: WireEvent) -> None:
 @pytest.mark.parametrize("name", review_names())
 def test_the_direct_wire_event_is_the_cloud_event_read_back_for_every_recorded_review(name: str) -> None:
     review = review_of(load_review(name))
-    _, decision = Admission(Engine(Config())).review(review)
+    decision = Admission(Engine(Config())).review(review).decision
     # Every recorded review is a Pod CREATE: the engine decides each one, and each gets an event.
     assert decision is not None, name
     same(*both(review, decision))
@@ -165,7 +165,7 @@ def test_each_place_a_secret_can_sit_is_redacted_without_a_full_pod_search(op: d
     decision = Decision("mutated", True, "r", patch=(op,))  # type: ignore[arg-type]
     for data in (
         json.loads(both(secret_review(), decision)[0].data),
-        event_data(secret_review(), decision, config_digest="d", decided_at=MOMENT),
+        event_data(audit_facts(secret_review(), decision), decision, config_digest="d", decided_at=MOMENT),
     ):
         assert data["patchRedactions"] == 1
         assert SECRET not in json.dumps(data)
@@ -173,9 +173,8 @@ def test_each_place_a_secret_can_sit_is_redacted_without_a_full_pod_search(op: d
 
 def test_event_data_hands_out_copies_of_the_patch() -> None:
     decision = Decision("mutated", True, "r", patch=({"op": "add", "path": "/a", "value": "1"},))
-    data = event_data(
-        review_of(load_review("default-slice-inference")), decision, config_digest="d", decided_at=MOMENT
-    )
+    review = review_of(load_review("default-slice-inference"))
+    data = event_data(audit_facts(review, decision), decision, config_digest="d", decided_at=MOMENT)
     data["patch"][0]["value"] = "changed"
     assert decision.patch[0]["value"] == "1"
 
@@ -210,7 +209,7 @@ def test_the_patch_limit_is_the_stdlib_json_size_exactly(patch: list[Any]) -> No
     assert size == len(json.dumps(patch, separators=(",", ":")))
     decision = Decision("mutated", True, "r", patch=tuple(patch))
     review = review_of(load_review("default-slice-inference"))
-    data = event_data(review, decision, config_digest="d", decided_at=MOMENT)
+    data = event_data(audit_facts(review, decision), decision, config_digest="d", decided_at=MOMENT)
     if size > MAX_PATCH_BYTES:
         assert data["patch"] == [] and data["patchRedactions"] == 0
         assert data["patchOmitted"] == (
@@ -313,7 +312,12 @@ def wire(number: int) -> WireEvent:
     review = review_of(load_review("default-slice-inference"))
     decision = Engine(Config()).decide(review.request.object, request_context(review))
     return build_wire_event(
-        review, decision, event_id=f"ev-{number}", decided_at=MOMENT, source="/s", config_digest="d"
+        audit_facts(review, decision),
+        decision,
+        event_id=f"ev-{number}",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest="d",
     )
 
 
@@ -497,14 +501,14 @@ def test_the_recorder_submits_the_direct_wire_event(monkeypatch: pytest.MonkeyPa
         new_id=lambda: "id-9",
         now=lambda: MOMENT,
     )
-    recorder.record(review, decision)
+    recorder.record(audit_facts(review, decision), decision)
     [event] = kept
     assert isinstance(event, WireEvent)
     same(
         event,
         WireEvent.of(
             build_event(
-                review,
+                audit_facts(review, decision),
                 decision,
                 event_id="id-9",
                 decided_at=MOMENT,

@@ -1,7 +1,8 @@
 """What an audit event says about the Pod: which strings of the patch are redacted and which are
 not (the places a secret can sit, env values and command and args entries, found however the Pod
 around them is shaped, and nothing else), and who the Pod is (name, namespace, owner). Written
-from a mutmut run over function/audit/events.py."""
+from a mutmut run over function/audit/events.py, where the audit facts were then taken
+(function/admission/facts.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from typing import Any
 
 import pytest
 
+from function.admission.facts import audit_facts, may_carry_secrets
 from function.audit.events import (
     MAX_TEXT,
     REDACTED,
-    _may_redact,
     build_event,
     event_data,
     format_time,
     mutators_attribute,
     parse_extension_overrides,
-    pod_identity,
     redact_patch,
     subject_for,
 )
@@ -28,6 +28,11 @@ from function.core.mutators.base import Action, MutatorDecision
 from tests.support import pod_review
 
 SECRET = "s3cret-token"
+
+
+def pod_identity(review: Any) -> dict[str, Any]:
+    """The event's ``pod``, from the facts Admission takes of the review."""
+    return audit_facts(review).pod.as_dict()
 
 
 def pod_with(*containers: Any, field: str = "containers") -> dict[str, Any]:
@@ -85,7 +90,7 @@ def test_without_secrets_the_patch_comes_back_as_copies_and_a_count_of_zero() ->
 def test_a_secret_string_at_a_secret_place_is_redacted(path: str) -> None:
     patch = [{"op": "add", "path": path, "value": SECRET}]
     assert redact_patch(patch, pod_with(env_of(SECRET))) == ([{**patch[0], "value": REDACTED}], 1)
-    assert _may_redact(patch)
+    assert may_carry_secrets(patch)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +116,7 @@ def test_may_redact_looks_past_operations_without_a_value() -> None:
         {"op": "remove", "path": "/metadata/labels/a"},
         {"op": "add", "path": "/spec/containers/0/env/0/value", "value": SECRET},
     ]
-    assert _may_redact(patch)
+    assert may_carry_secrets(patch)
 
 
 @pytest.mark.parametrize(
@@ -127,14 +132,14 @@ def test_may_redact_looks_past_operations_without_a_value() -> None:
     ],
 )
 def test_no_string_at_a_secret_place_means_nothing_to_redact(patch: list[Any]) -> None:
-    assert not _may_redact(patch)
+    assert not may_carry_secrets(patch)
 
 
 @pytest.mark.parametrize(
     "value", [{"name": "TOKEN", "value": SECRET}, [SECRET], {"containers": []}, []], ids=repr
 )
 def test_an_object_or_array_value_may_hold_a_secret_place_inside(value: Any) -> None:
-    assert _may_redact([{"op": "add", "path": "/spec/containers/0/env/0", "value": value}])
+    assert may_carry_secrets([{"op": "add", "path": "/spec/containers/0/env/0", "value": value}])
 
 
 # -- who the event is about -----------------------------------------------------------------------
@@ -232,7 +237,9 @@ def test_times_are_utc_with_microseconds(moment: datetime, text: str) -> None:
 
 def data_for(decision: Decision, username: str = "alice") -> dict[str, Any]:
     review = pod_review(user={"username": username})
-    return event_data(review, decision, config_digest="d", decided_at=MOMENT, engine_version="9.9.9")
+    return event_data(
+        audit_facts(review, decision), decision, config_digest="d", decided_at=MOMENT, engine_version="9.9.9"
+    )
 
 
 def test_long_reasons_are_cut_to_max_text_and_say_so() -> None:
@@ -250,7 +257,7 @@ def test_the_data_keeps_an_empty_username_the_engine_version_and_nine_digits_of_
     assert data["engineVersion"] == "9.9.9"
     assert data["durationSeconds"] == 1.234567891
     event = build_event(
-        pod_review({"name": "p"}),
+        audit_facts(pod_review({"name": "p"}), decision),
         decision,
         event_id="e",
         decided_at=MOMENT,

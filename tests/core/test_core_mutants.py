@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from function.admission.facts import audit_facts
 from function.audit.events import event_data, redact_patch
 from function.core.engine import Decision, MutatorLied
 from function.core.json_patch import PatchProofError, apply_patch, canonical, prove
@@ -125,7 +126,7 @@ def test_a_secret_after_a_remove_is_still_redacted() -> None:
             {"op": "add", "path": "/spec/containers/0/env/0/value", "value": SECRET},
         ),
     )
-    data = event_data(secret_review(), decision, config_digest="d", decided_at=MOMENT)
+    data = event_data(audit_facts(secret_review(), decision), decision, config_digest="d", decided_at=MOMENT)
     assert data["patchRedactions"] == 1
     assert SECRET not in json.dumps(data)
 

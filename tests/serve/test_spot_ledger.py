@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from function.admission.wire import AdmissionReview
+from function.admission.facts import AuditFacts, audit_facts
 from function.core.config import parse_config
 from function.core.engine import Decision
 from function.core.mutators.spot import LEDGER_INDEX, PODS_INDEX, LedgerEntry
@@ -187,10 +187,10 @@ def test_only_an_enforcing_spot_mutator_gets_a_ledger() -> None:
 
 class Inner:
     def __init__(self) -> None:
-        self.got: list[tuple[AdmissionReview, Decision | None]] = []
+        self.got: list[tuple[AuditFacts, Decision | None]] = []
 
-    def record(self, review: AdmissionReview, decision: Decision | None) -> None:
-        self.got.append((review, decision))
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
+        self.got.append((facts, decision))
 
 
 def decision(outcome: Any = "mutated") -> Decision:
@@ -211,11 +211,11 @@ def test_the_recorder_remembers_only_sent_patches_and_always_hands_on(
     made: Decision | None, dry_run: bool | None, remembered: bool
 ) -> None:
     ledger, inner, turns = DecisionLedger(clock=Clock()), Inner(), DecisionTurns(wait_seconds=0.05)
-    review = pod_review(dry_run=dry_run)
+    facts = audit_facts(pod_review(dry_run=dry_run), made)
     turns.begin()
-    LedgerRecorder(inner, ledger, turns).record(review, made)
+    LedgerRecorder(inner, ledger, turns).record(facts, made)
     assert (ledger.snapshot() != {}) is remembered
-    assert inner.got == [(review, made)]
+    assert inner.got == [(facts, made)]
     assert_turn_is_free(turns)
 
 
@@ -227,7 +227,7 @@ def test_the_recorder_ends_the_turn_even_when_remembering_fails() -> None:
     turns = DecisionTurns(wait_seconds=0.05)
     turns.begin()
     with pytest.raises(RuntimeError):
-        LedgerRecorder(Inner(), Broken(), turns).record(pod_review(), decision())
+        LedgerRecorder(Inner(), Broken(), turns).record(audit_facts(pod_review()), decision())
     assert_turn_is_free(turns)
 
 
