@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from function.admission.facts import AuditFacts
+from function.admission.gpuleases import review_gpulease
+from function.admission.podmutations import review_podmutation
 from function.admission.review import Admission
-from function.admission.wire import BadReview, parse_review
+from function.admission.wire import AdmissionResponse, AdmissionReview, BadReview, parse_review
 from function.contract import (
     HEALTHZ_PATH,
     LARGE_BODY_BYTES,
@@ -129,14 +131,11 @@ class WebhookHttp:
     def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
         if is_review(method, path):
             return TOO_LARGE if body is None else self.mutate(body)
-        if path in MUTATE_PATHS or path == VALIDATE_PODMUTATIONS_PATH:
-            if method != "POST":  # a review path here is one not POSTed
+        validate = VALIDATORS.get(path)
+        if validate is not None or path in MUTATE_PATHS:
+            if method != "POST" or validate is None:  # a review path is here when not POSTed
                 return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
-            return TOO_LARGE if body is None else self.validate_podmutation(body)
-        if path == VALIDATE_GPULEASES_PATH:
-            if method != "POST":
-                return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
-            return TOO_LARGE if body is None else self.validate_gpulease(body)
+            return TOO_LARGE if body is None else self.validate(body, *validate)
         if path in (HEALTHZ_PATH, READYZ_PATH, METRICS_PATH):
             if method not in ("GET", "HEAD"):
                 return problem(405, f"{method} not allowed on {path}: use GET", {"Allow": "GET, HEAD"})
@@ -168,22 +167,20 @@ class WebhookHttp:
         answer = self.admission.review(review)
         return json_reply(200, answer.review(review.apiVersion))
 
-    def validate_gpulease(self, body: bytes) -> HttpReply:
-        from function.admission.gpuleases import review_gpulease
-
+    def validate(
+        self, body: bytes, kind: str, review_object: Callable[[AdmissionReview], AdmissionResponse]
+    ) -> HttpReply:
+        """A validating webhook's answer (VALIDATORS): ``review_object`` judges the object."""
         try:
             review = parse_review(body)
         except BadReview as bad:
-            log.warning("bad GpuLease validation request: %s", bad)
+            log.warning("bad %s validation request: %s", kind, bad)
             return problem(400, str(bad))
-        return json_reply(200, review_gpulease(review).review(review.apiVersion))
+        return json_reply(200, review_object(review).review(review.apiVersion))
 
-    def validate_podmutation(self, body: bytes) -> HttpReply:
-        from function.admission.podmutations import review_podmutation
 
-        try:
-            review = parse_review(body)
-        except BadReview as bad:
-            log.warning("bad PodMutation validation request: %s", bad)
-            return problem(400, str(bad))
-        return json_reply(200, review_podmutation(review).review(review.apiVersion))
+VALIDATORS: dict[str, tuple[str, Callable[[AdmissionReview], AdmissionResponse]]] = {
+    VALIDATE_PODMUTATIONS_PATH: ("PodMutation", review_podmutation),
+    VALIDATE_GPULEASES_PATH: ("GpuLease", review_gpulease),
+}
+"""The validating webhooks this server answers, by path: what they validate, and the judge."""
