@@ -1,8 +1,8 @@
 """CastSlice, laid out as ``func create -l python`` lays out a Knative Function.
 
 Knative Functions' scaffolding does ``from function import new``. ``new`` is resolved lazily
-(PEP 562): importing any ``function.*`` module (the CLI, the pure core) must not import the
-servers or build a webhook, which importing ``function.func`` does.
+(PEP 562): importing any ``function.*`` module (the CLI, the pure core) must not load the web
+stack (functions-framework, Starlette, the servers) that ``function.func`` imports.
 """
 
 from __future__ import annotations
