@@ -8,14 +8,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import signal
+import subprocess
 import sys
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
 from function.contract import MAX_BODY_BYTES
-from tests.support import FUNC_SOURCE, REVIEWS
+from tests.audit_support import free_port, wait_for
+from tests.support import DATA, FUNC_SOURCE, REVIEWS, decode_reply
 
 BAD_BODIES = [
     b"",
@@ -189,3 +194,39 @@ def test_the_handler_the_serving_app_gives_the_protocol_answers_with_the_same_by
             reply = served.reviews.handle("POST", "/mutate", body)
             assert (reply.status, reply.body) == (expected.status_code, expected.content)
             assert reply.content_type == expected.headers["content-type"]
+
+
+def test_the_functions_framework_cli_serves_func_py_mutate(tmp_path: Any) -> None:
+    """``functions-framework --source function/func.py --target mutate --asgi``: its webhook is
+    built on the first request, from the environment, and answers as the served app does."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("CASTSLICE_CONFIG", "K_SINK", "DAPR_HTTP_PORT")}
+    env.update(HOME=str(tmp_path), WORKERS="1")
+    command = ["functions-framework", "--source", str(FUNC_SOURCE), "--target", "mutate", "--asgi"]
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr").open("wb"),
+        start_new_session=True,  # gunicorn forks a worker: the whole group is ended below
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert server.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+            try:
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=60, interval=0.2, what="functions-framework to serve")
+        review = (REVIEWS / "default-slice-inference.json").read_bytes()
+        answer = httpx.post(f"{url}/mutate", content=review, timeout=10)
+        expected = json.loads((DATA / "responses" / "default" / "default-slice-inference.json").read_text())
+        assert answer.status_code == 200 and decode_reply(answer.json()) == expected
+        assert httpx.post(f"{url}/mutate", content=b"not json", timeout=10).status_code == 400
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
