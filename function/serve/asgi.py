@@ -13,7 +13,6 @@ WebhookOnDemand that builds one where it is served) and writes back what it answ
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,8 +26,6 @@ from function.serve.app import WebhookOnDemand, build_webhook
 from function.serve.http_api import CLIENT_GONE, HttpReply, ReviewHandler, is_review
 
 FUNC_SOURCE = Path(__file__).parent.parent / "func.py"
-
-log = logging.getLogger("castslice.asgi")
 
 
 class ClientGone(Exception):
