@@ -28,6 +28,7 @@ from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import PREEXEC, ControlPlane, FakeNode, free_port, kill_group, node_manifest
 from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .support import kubectl, restart_apiserver
 from .test_spot_e2e import RoundRobinProxy
 
 pytestmark = pytest.mark.e2e
@@ -515,8 +516,6 @@ def test_a_second_field_managers_condition_survives_the_controllers_apply(leases
             ]
         },
     }
-    from .test_podmutation_e2e import kubectl
-
     applied = kubectl(
         leases["plane"],
         "apply",
@@ -614,8 +613,6 @@ def test_sigterm_hands_over_at_once(leases: dict[str, Any]) -> None:
 
 
 def test_an_apiserver_restart_leaves_the_counts_right(leases: dict[str, Any]) -> None:
-    from .test_view_e2e import restart_apiserver
-
     create_lease(leases, ONE, "steady", count=3, podSelector={"matchLabels": {"team": "i"}})
     for n in range(2):
         create_pod(leases, ONE, gpu_pod(f"i-{n}", 1, labels={"team": "i"}))

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, kubectl_path, one, render
+from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import SPOT, ControlPlane
 from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .support import kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -44,17 +45,6 @@ def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "con
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.25)
-
-
-def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [kubectl_path(), f"--kubeconfig={plane.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def apply(plane: ControlPlane, *objects: dict[str, Any]) -> subprocess.CompletedProcess[str]:

@@ -30,6 +30,7 @@ from function.serve.watch import ClusterWatcher, KubeTransport, Response, kube_t
 
 from .controlplane import ControlPlane
 from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
+from .support import restart_apiserver
 
 pytestmark = pytest.mark.e2e
 
@@ -301,20 +302,6 @@ def test_a_410_relists_and_the_view_ends_equal_to_the_apiserver(
     view = webhook.admission.cluster().index("pods")
     assert new in view and gone not in view
     assert webhook.handle("GET", "/readyz", None).status == 200  # stayed ready throughout
-
-
-def restart_apiserver(control_plane: ControlPlane) -> None:
-    apiserver = control_plane._process("kube-apiserver")
-    apiserver.stop()
-    apiserver.start()
-
-    def ready() -> bool:
-        try:
-            return control_plane.get("/readyz")[0] == 200
-        except OSError:
-            return False
-
-    eventually(ready, timeout=90, what="the apiserver back")
 
 
 class CountingProbe:

@@ -1,0 +1,42 @@
+"""What several end-to-end modules do to the control plane beside starting servers (launch.py):
+kubectl against it, and a restart of its apiserver."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tests.manifests_support import kubectl_path
+
+from .controlplane import ControlPlane
+
+APISERVER_RESTART_SECONDS = 90.0
+"""How long the restarted apiserver may take to answer /readyz (a bound against hanging)."""
+
+
+def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [kubectl_path(), f"--kubeconfig={plane.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def restart_apiserver(plane: ControlPlane) -> None:
+    """Stop and start kube-apiserver (etcd keeps the state); back when /readyz answers 200."""
+    apiserver = plane._process("kube-apiserver")
+    apiserver.stop()
+    apiserver.start()
+    deadline = time.monotonic() + APISERVER_RESTART_SECONDS
+    while True:
+        try:
+            if plane.get("/readyz")[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the apiserver back")
+        time.sleep(0.05)
