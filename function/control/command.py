@@ -14,8 +14,9 @@ __all__ = ["DEFAULT_LEASE_NAME", "LEASE_SECONDS", "RENEW_DEADLINE", "RETRY_SECON
 
 
 def run(args: argparse.Namespace) -> int:
+    from function.config_file import load_config, load_config_file
     from function.control.process import ControlSettings, own_identity, own_namespace, run_control
-    from function.core.config import ConfigError, load_config, load_config_file
+    from function.core.config import ConfigError
     from function.serve.app import configure_logging
     from function.serve.watch import NoCredentials
 

@@ -4,20 +4,21 @@ Every model forbids unknown keys, so a typo (``invalidAnnotation: warn``) stops 
 message naming the key instead of silently running on a default. The file has the core settings
 below plus one section per mutator plug-in (``function.core.mutators.PLUGINS``), each typed by the
 model its mutator module declares: adding a mutator does not mean editing this module.
+
+Pure: ``parse_config`` judges data already read; finding and reading the file is the edge's
+(``function.config_file``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
-from function.contract import CONFIG_ENV, DEFAULT_EVENT_SOURCE, DEFAULT_EXCLUDED_NAMESPACES
+from function.contract import DEFAULT_EVENT_SOURCE, DEFAULT_EXCLUDED_NAMESPACES
 from function.core.configtypes import (
     MutatorConfig,
     MutatorMode,
@@ -39,8 +40,6 @@ __all__ = [
     "MutatorMode",
     "OnInternalError",
     "OnInvalidAnnotation",
-    "load_config",
-    "load_config_file",
     "parse_config",
 ]
 
@@ -191,6 +190,8 @@ def _without_kustomize_header(data: dict[str, Any], origin: str) -> dict[str, An
 
 
 def parse_config(data: Any, origin: str = "configuration") -> Config:
+    """``data`` (a parsed YAML document; None is the empty file) as a Config; ConfigError names
+    ``origin`` and every key that is wrong."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -200,22 +201,3 @@ def parse_config(data: Any, origin: str = "configuration") -> Config:
         return Config.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe(error, origin)) from None
-
-
-def load_config_file(path: str | Path) -> Config:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read CastSlice configuration {path}: {error.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"CastSlice configuration {path} is not valid YAML: {error}") from None
-    return parse_config(data, str(path))
-
-
-def load_config(environ: dict[str, str] | None = None) -> Config:
-    """The effective configuration: the file named by CASTSLICE_CONFIG, else the embedded defaults."""
-    env = os.environ if environ is None else environ
-    path = env.get(CONFIG_ENV, "").strip()
-    return load_config_file(path) if path else Config()

@@ -4,7 +4,8 @@ Mutators stay pure functions. The edge (``function/serve/watch.py``) keeps the s
 list+watch streams; a mutator only ever sees a ``ClusterView`` snapshot taken once per review,
 before the fixed-point passes, so every pass judges against the same cluster and no Kubernetes API
 call happens while a review is answered. Offline (``castslice mutate --cluster STATE.yaml``) and in
-tests the same view comes from a file or from records (``StaticView``, ``load_state``).
+tests the same view comes from a file or from records (``StaticView``; the file is read by
+``function/offline/state_file.py``).
 
 What is kept is decided by ``WatchSpec``s that plug-ins declare (``MutatorPlugin.watches``): a
 plug-in that needs nothing declares nothing, and then nothing is watched and no RBAC is granted.
@@ -24,16 +25,13 @@ copy (O(1)); a plain dict would need a 12 ms copy of 100k entries per event to s
 
 from __future__ import annotations
 
-import io
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import immutables
-import yaml
 
 Record = Any
 """A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
@@ -491,52 +489,3 @@ class StaticView(View):
         by_name = {spec.index: spec for spec in specs}
         states = {name: IndexState.build(records, by_name.get(name)) for name, records in indices.items()}
         super().__init__(states, available=available)
-
-
-# -- offline: a `kubectl get ... -o yaml` file ----------------------------------------------------
-class StateFileError(ValueError):
-    """A cluster state file that cannot be read; the message names the file and what is wrong."""
-
-
-def _objects(document: Any, where: str) -> Iterator[Mapping[str, Any]]:
-    if document is None:
-        return
-    if not isinstance(document, Mapping):
-        raise StateFileError(f"{where}: expected a Kubernetes object or List, got {type(document).__name__}")
-    items, kind = document.get("items"), document.get("kind")
-    is_list = isinstance(kind, str) and kind.endswith("List")
-    if is_list and isinstance(items, list):
-        for position, item in enumerate(items):
-            yield from _objects(item, f"{where}, items[{position}]")
-    elif is_list and "items" in document:
-        raise StateFileError(f"{where}: 'items' of a {document.get('kind')} must be a list")
-    else:
-        yield document
-
-
-def load_state(
-    source: str | Path | io.TextIOBase, specs: Iterable[WatchSpec] = (PODS, REPLICASETS)
-) -> StaticView:
-    """A StaticView from what ``kubectl get pods,replicasets -A -o yaml`` prints (a List, or any
-    YAML/JSON stream of objects and Lists). Each spec's ``slim`` runs over the objects of its kind,
-    exactly as the watch does, so an offline decision sees what the webhook would see. Every spec
-    counts as synced: the file is taken as the whole state (objects of kinds no spec wants are
-    ignored)."""
-    specs = merge_specs(specs)
-    name = str(source) if isinstance(source, str | Path) else getattr(source, "name", "<stream>")
-    try:
-        text = Path(source).read_text() if isinstance(source, str | Path) else source.read()
-        documents = list(yaml.safe_load_all(text))
-    except (OSError, UnicodeDecodeError) as error:
-        raise StateFileError(f"cluster state {name}: cannot read it: {error}") from error
-    except yaml.YAMLError as error:
-        raise StateFileError(f"cluster state {name}: not YAML: {error}") from error
-    loaded: dict[str, dict[str, Record]] = {spec.index: {} for spec in specs}
-    for number, document in enumerate(documents):
-        for obj in _objects(document, f"cluster state {name}, document {number}"):
-            for spec in specs:
-                if spec.matches(obj):
-                    key, record = spec.key(obj), spec.slim(obj)
-                    if key and record is not None:
-                        loaded[spec.index][key] = record
-    return StaticView(loaded, specs)

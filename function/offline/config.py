@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from function.core.config import Config, ConfigError, load_config, load_config_file
+from function.config_file import load_config, load_config_file
+from function.core.config import Config, ConfigError
 
 
 def config_from(path: str | None) -> Config:

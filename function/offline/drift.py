@@ -110,7 +110,7 @@ def exit_code(tally: Tally) -> int:
 
 def read_objects(path: str) -> list[Mapping[str, Any]]:
     """Every object of a state file (``-`` for stdin), the items of its Lists in order."""
-    from function.core.view import StateFileError
+    from function.offline.state_file import StateFileError
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -142,8 +142,8 @@ def read_objects(path: str) -> list[Mapping[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     """``castslice audit drift``: the stored Pods of ``--cluster`` the webhook would change today."""
-    from function.core.view import StateFileError
     from function.offline.config import config_from
+    from function.offline.state_file import StateFileError
 
     if args.cluster is None:
         print(f"castslice audit drift: --cluster STATE.yaml is required ({STATE_HINT})", file=sys.stderr)

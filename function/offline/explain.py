@@ -15,12 +15,13 @@ import yaml
 from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
-from function.core.view import PODS, REPLICASETS, StateFileError, load_state
+from function.core.view import PODS, REPLICASETS
 from function.offline.config import config_from
 from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
 from function.offline.leases import lease_lines
 from function.offline.mutations import documents_from
 from function.offline.podmutations import explain, load, pod_of
+from function.offline.state_file import StateFileError, load_state
 
 
 def _read_documents(path: str) -> list[Any]:

@@ -18,9 +18,7 @@ from function.core.view import (
     PODS,
     REPLICASETS,
     ClusterView,
-    StateFileError,
     StaticView,
-    load_state,
 )
 from function.offline.config import config_from
 from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
@@ -28,6 +26,7 @@ from function.offline.leases import with_gpu_leases
 from function.offline.manifests import ObjectResult, mutate_chunk
 from function.offline.mutations import documents_from
 from function.offline.podmutations import WithMutations, is_mutation_document, load
+from function.offline.state_file import StateFileError, load_state
 from function.offline.yamldoc import DocumentError, load_documents
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")

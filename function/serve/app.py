@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from function.admission.review import Admission, DecisionRecorder
 from function.audit.recorder import AuditRecorder, build_recorder
-from function.core.config import Config, load_config, watches_for
+from function.config_file import load_config
+from function.core.config import Config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
 from function.serve.http_api import HttpReply, WebhookHttp, problem

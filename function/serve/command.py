@@ -8,8 +8,9 @@ import os
 import sys
 from typing import Any
 
+from function.config_file import load_config, load_config_file
 from function.contract import LARGE_REVIEWS_ENV
-from function.core.config import ConfigError, load_config, load_config_file, watches_for
+from function.core.config import ConfigError, watches_for
 
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 """What ``--target`` may name: functions-framework targets in function/func.py."""

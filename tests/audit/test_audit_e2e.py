@@ -21,7 +21,8 @@ import yaml
 from function.admission.review import Admission
 from function.admission.wire import parse_review
 from function.audit.consumer import event_problems
-from function.core.config import Config, load_config_file
+from function.config_file import load_config_file
+from function.core.config import Config
 from function.core.engine import Engine
 from tests.audit_support import (
     HangingSink,

@@ -3,8 +3,6 @@ them under, and what the offline loader says about the file it could not read.""
 
 from __future__ import annotations
 
-import io
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -14,11 +12,8 @@ from function.core.view import (
     IndexState,
     Owner,
     ReplicaSetRecord,
-    StateFileError,
     StaticView,
-    WatchSpec,
     by_owner,
-    load_state,
     record_key,
     slim_replicaset,
 )
@@ -86,31 +81,3 @@ def test_a_static_view_can_be_unavailable_and_says_what_it_holds() -> None:
     assert view.available is False
     assert repr(view) == "View(available=False, pods=2, replicasets=0)"
     assert repr(StaticView({})) == "View(available=True, )"
-
-
-def test_load_state_groups_an_index_as_its_own_spec_says() -> None:
-    jobs = WatchSpec(
-        "jobs", "batch", "v1", "jobs", "Job", group_by=by_owner, slim=lambda obj: Bare(obj["metadata"]["uid"])
-    )
-    text = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j, uid: j1}\n"
-    view = load_state(io.StringIO(text), [jobs])
-    assert dict(view.group("jobs", "")) == {"j1": Bare("j1")}
-
-
-def test_an_object_with_an_items_field_that_is_no_list_kind_is_an_object() -> None:
-    text = "apiVersion: v1\nkind: Pod\nitems: 3\nmetadata: {name: p, uid: p1}\n"
-    assert set(load_state(io.StringIO(text)).index("pods")) == {"p1"}
-
-
-def test_load_state_names_where_the_state_came_from(tmp_path: Path) -> None:
-    with pytest.raises(StateFileError) as raised:
-        load_state(io.StringIO("a: [unclosed\n"))
-    assert str(raised.value).startswith("cluster state <stream>: not YAML: ")
-    path = tmp_path / "state.yaml"
-    path.write_text("a: [unclosed\n")
-    with pytest.raises(StateFileError) as raised:
-        load_state(path)
-    assert str(raised.value).startswith(f"cluster state {path}: not YAML: ")
-    with pytest.raises(StateFileError) as raised, path.open() as stream:
-        load_state(stream)
-    assert str(raised.value).startswith(f"cluster state {path}: not YAML: ")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from function.core.config import ConfigError, load_config_file, parse_config
+from function.core.config import ConfigError, parse_config
 
 HEADER = {"apiVersion": "config.castops.io/v1alpha1", "kind": "CastSliceConfiguration"}
 
@@ -67,11 +66,3 @@ def test_a_kustomize_header_needs_metadata_as_a_map() -> None:
         "invalid CastSlice configuration in configuration: metadata: 5 is not valid; "
         "accepted: a mapping (the kustomize object's metadata)"
     )
-
-
-def test_a_file_is_named_by_its_path(tmp_path: Path) -> None:
-    path = tmp_path / "castslice.yaml"
-    path.write_text("typo: 1\n")
-    with pytest.raises(ConfigError) as raised:
-        load_config_file(path)
-    assert str(raised.value) == f"invalid CastSlice configuration in {path}:\n  typo: unknown key"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from function.core.config import Config, ConfigError, load_config, parse_config
+from function.core.config import Config, ConfigError, parse_config
 from function.core.engine import Engine, NotConverged
 from function.core.json_patch import PatchProofError, diff, escape, prove, same
 from function.core.mutators.base import Action, MutatorResult, RequestContext
@@ -160,18 +160,6 @@ def test_defaults_are_the_seed_presets() -> None:
 def test_bad_configuration_names_the_key(data: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         parse_config(data, "test.yaml")
-
-
-def test_config_file_from_environment(tmp_path: Any) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text("invalidAnnotations: warn\n")
-    assert load_config({"CASTSLICE_CONFIG": str(path)}).invalidAnnotations.value == "warn"
-    assert load_config({}) == Config()
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config({"CASTSLICE_CONFIG": str(tmp_path / "missing.yaml")})
-    path.write_text("a: [\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config({"CASTSLICE_CONFIG": str(path)})
 
 
 def test_digest_identifies_the_effective_configuration() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from function.core.config import KUSTOMIZE_HEADER, ConfigError, load_config_file, parse_config
+from function.config_file import load_config_file
+from function.core.config import KUSTOMIZE_HEADER, ConfigError, parse_config
 
 HEADER = {**KUSTOMIZE_HEADER, "metadata": {"name": "castslice-config"}}
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from function.core.config import load_config_file, watches_for
+from function.config_file import load_config_file
+from function.core.config import watches_for
 from function.core.mutators import PLUGINS
 from function.core.mutators.spot import NAMESPACES
 from function.core.view import PODS, REPLICASETS, WatchSpec, merge_specs, rbac_rules

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from function import contract
-from function.core.config import Config, load_config_file
+from function.config_file import load_config_file
+from function.core.config import Config
 from tests.manifests_support import (
     KNATIVE_DIR,
     REPO_ROOT,
