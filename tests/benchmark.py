@@ -47,7 +47,7 @@ BODIES = {
     "non-mutating": REVIEWS / "default-not-opted-in.json",
 }
 
-# ``--ceiling``: CastSlice served exactly as the Procfile says, except that Engine.decide replays the
+# ``--ceiling``: CastSlice served exactly as the Procfile says, except that Engine.decide_or_raise replays the
 # decision it made the first time it saw the same Pod (the same patch, warnings and mutators; the
 # Pod's JSON bytes, about 2 us, are the key). Everything else a served review does is real: HTTP,
 # parsing and validating the envelope, the reply, the audit event and its delivery. Its rate is the
@@ -58,7 +58,7 @@ import orjson
 
 import function.core.engine
 
-_decide = function.core.engine.Engine.decide
+_decide = function.core.engine.Engine.decide_or_raise
 _decided = {}
 
 
@@ -70,7 +70,7 @@ def decide(self, pod, request):
     return decision
 
 
-function.core.engine.Engine.decide = decide
+function.core.engine.Engine.decide_or_raise = decide
 """
 
 WRK_SCRIPT = r"""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from function.admission.facts import AuditFacts, audit_facts
 from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
@@ -88,12 +89,15 @@ class Admission:
         engine: Engine,
         recorder: DecisionRecorder | None = None,
         cluster: Callable[[], ClusterView] = lambda: EMPTY_VIEW,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``cluster`` gives the current read-only snapshot of the cluster; it is called once per
-        review, before the engine runs, so every pass of the review sees the same cluster."""
+        review, before the engine runs, so every pass of the review sees the same cluster.
+        ``clock`` times each decision (the engine, pure, reads none)."""
         self.engine = engine
         self.recorder: DecisionRecorder = recorder or NoRecorder()
         self.cluster = cluster
+        self.clock = clock
 
     def review(self, review: AdmissionReview) -> Answer:
         request = review.request
@@ -103,10 +107,10 @@ class Admission:
             response = allowed(request.uid)
         else:
             ctx = request_context(review, self.cluster())
+            decision = self._decide(request.object, ctx)
             try:
-                decision = self.engine.decide(request.object, ctx)
                 response = response_for(request.uid, decision, describe_pod(request.object, ctx.namespace))
-            except Exception as error:  # decide() guards itself; this guards building the reply
+            except Exception as error:  # a bug building the reply is this request's internal error
                 log.exception("internal error answering request uid %s", request.uid)
                 decision = self.engine.internal_error(error, ctx)
                 response = response_for(request.uid, decision)
@@ -125,3 +129,18 @@ class Admission:
             self.recorder.record(facts, decision)
         except Exception:  # recording must never turn an answer into a failure
             log.exception("recording the decision failed (request uid %s)", facts.uid)
+
+    def _decide(self, pod: Any, ctx: RequestContext) -> Decision:
+        """The engine's decision, timed, with what an operator must see logged: the traceback of
+        an internal error, and why a patch was withheld."""
+        started = self.clock()
+        try:
+            decision = self.engine.decide_or_raise(pod, ctx)
+        except Exception as error:  # nothing escapes: a 500 would hand the Pod to failurePolicy
+            log.exception("internal error deciding on pod (request uid %s)", ctx.uid)
+            decision = self.engine.internal_error(error, ctx)
+        else:
+            if decision.outcome == "error":
+                log.error("request uid %s: %s", ctx.uid, decision.reason)
+        decision.record_duration(self.clock() - started)
+        return decision

@@ -9,12 +9,10 @@ Pod is admitted unchanged with a warning: CastSlice never sends a patch that rej
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import is_not
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -37,8 +35,6 @@ from function.core.placement import placement_fields, scheduling_violations
 from function.core.pod import Pod, cap_warning, labels_of
 from function.core.rules import introduced_violations
 
-log = logging.getLogger("castslice.engine")
-
 ENGINE_VERSION = "0.1.0"
 MAX_PASSES = 5
 """Every mutator reaches its fixed point in one pass today; five leaves room and catches loops."""
@@ -59,6 +55,13 @@ class Decision:
     denial: str | None = None
     mutated_pod: Pod | None = field(default=None, compare=False, repr=False)
     duration_seconds: float = field(default=0.0, compare=False)
+    """How long deciding took, as the caller measured it (``record_duration``)."""
+
+    def record_duration(self, seconds: float) -> None:
+        """Set ``duration_seconds`` on a decision nothing else holds yet (the caller's own, just
+        made): in place, since a copy through ``dataclasses.replace`` would cost more than the
+        timing is worth on every review."""
+        object.__setattr__(self, "duration_seconds", seconds)
 
     @property
     def acting_mutators(self) -> tuple[str, ...]:
@@ -75,6 +78,17 @@ class Decision:
             "warnings": list(self.warnings),
             "denial": self.denial,
         }
+
+
+class FixedPoint(NamedTuple):
+    """Where the mutators left the Pod once a whole pass changed nothing."""
+
+    pod: Pod
+    """The intended Pod: the original itself when no mutator changed it."""
+    decisions: tuple[MutatorDecision, ...]
+    """What each mutator decided, in the engine's order."""
+    pod_json: bytes | None
+    """``exact_json(pod)`` when known (the proof reuses it), else None."""
 
 
 class NotConverged(Exception):
@@ -120,26 +134,23 @@ class Engine:
 
     # -- the public entry point ------------------------------------------------------------
     def decide(self, pod: Pod, request: RequestContext) -> Decision:
-        """Never raises: an unexpected exception becomes an ``error`` decision per onInternalError."""
-        started = time.perf_counter()
+        """Never raises: an unexpected exception becomes an ``error`` decision per onInternalError.
+        A caller that logs or times the decision calls ``decide_or_raise`` and ``internal_error``
+        itself (the core reads no clock and writes no log)."""
         try:
-            decision = self._decide(pod, request)
-        except Exception as error:  # nothing escapes: a 500 would hand the Pod to failurePolicy
-            log.exception("internal error deciding on pod (request uid %s)", request.uid)
-            decision = self.internal_error(error, request)
-        # The decision was built just now and nothing else holds it yet: setting the field in place
-        # is what dataclasses.replace would give, without rebuilding (and re-validating) a copy.
-        object.__setattr__(decision, "duration_seconds", time.perf_counter() - started)
-        return decision
+            return self.decide_or_raise(pod, request)
+        except Exception as error:  # noqa: BLE001 - a 500 would hand the Pod to failurePolicy
+            return self.internal_error(error, request)
 
-    # -- the steps -------------------------------------------------------------------------
-    def _decide(self, pod: Pod, request: RequestContext) -> Decision:
+    def decide_or_raise(self, pod: Pod, request: RequestContext) -> Decision:
+        """The decision; an unexpected exception (a bug in a mutator, a Pod that does not converge)
+        propagates, for the caller to log and turn into ``internal_error``."""
         if request.namespace in self._excluded:
             return Decision("unchanged", True, f"namespace {request.namespace} is excluded")
         if labels_of(pod).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
 
-        intended, decisions, intended_json = self._run(pod, request)
+        intended, decisions, intended_json = self.run_to_fixed_point(pod, request)
         if self.shadow:
             decisions += self.run_shadow(intended, request)
             enforcing = tuple(d for d in decisions if not d.shadow)
@@ -166,7 +177,6 @@ class Engine:
             if exact != patch:
                 patch, problem = exact, self._proof_problem(pod, exact, intended, intended_json)
         if problem:
-            log.error("patch withheld for request uid %s: %s", request.uid, problem)
             return Decision(
                 "error",
                 True,
@@ -188,21 +198,11 @@ class Engine:
             mutated_pod=intended,
         )
 
-    def run_to_fixed_point(
-        self, pod: Pod, request: RequestContext
-    ) -> tuple[Pod, tuple[MutatorDecision, ...]]:
-        """Run every mutator in order until a whole pass changes nothing (or one denies): the
-        intended Pod (``pod`` itself when nothing changed) and what each mutator decided."""
-        intended, decisions, _ = self._run(pod, request)
-        return intended, decisions
-
-    def _run(
-        self, pod: Pod, request: RequestContext
-    ) -> tuple[Pod, tuple[MutatorDecision, ...], bytes | None]:
-        """``run_to_fixed_point``, plus the intended Pod's ``exact_json`` bytes when they are known
-        (the proof reuses them), None otherwise."""
+    def run_to_fixed_point(self, pod: Pod, request: RequestContext) -> FixedPoint:
+        """Every mutator in order until a whole pass changes nothing (or one denies); NotConverged
+        when the passes run out."""
         if not self.mutators:
-            return pod, (), None
+            return FixedPoint(pod, (), None)
         # One copy per review, which the mutators edit in place one after another (a deep copy
         # per mutator run was most of the engine's cost); the original is never handed out.
         working = _Working(pod)
@@ -229,7 +229,7 @@ class Engine:
                 if changed_in_pass:
                     continue  # no denial, and a change: another pass, to confirm or go on
             intended, intended_json = working.intended(pod)
-            return intended, tuple(decisions.values()), intended_json
+            return FixedPoint(intended, tuple(decisions.values()), intended_json)
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
 
     def run_shadow(self, pod: Pod, request: RequestContext) -> tuple[MutatorDecision, ...]:

@@ -82,7 +82,7 @@ def test_a_mutated_decision_in_full_and_as_a_dict() -> None:
 
 def test_every_pass_gets_the_request_as_given() -> None:
     mutator = Edit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
-    intended, decisions = Engine(Config(), [mutator], []).run_to_fixed_point(pod(), REQUEST)
+    intended, decisions, _ = Engine(Config(), [mutator], []).run_to_fixed_point(pod(), REQUEST)
     assert intended["metadata"]["labels"] == {"app": "a", "team": "ml"}
     assert [d.mutator for d in decisions] == ["labeller"]
     assert mutator.seen == [REQUEST, REQUEST]  # the change, then the pass that confirms it

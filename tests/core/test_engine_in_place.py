@@ -85,7 +85,7 @@ def engine(*mutators: Any, shadow: Any = ()) -> Engine:
 # -- what counts as a change ---------------------------------------------------------------------
 def test_a_key_order_change_alone_is_no_change_and_leaves_no_trace() -> None:
     original = pod()
-    intended, decisions = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
+    intended, decisions, _ = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
     assert intended is original
     assert [d.action for d in decisions] == [Action.unchanged]
 
@@ -184,7 +184,7 @@ def test_a_denial_after_a_partial_change_is_a_lie_and_nothing_leaks() -> None:
 
 def test_an_honest_denial_returns_the_pod_as_the_mutators_before_it_left_it() -> None:
     original = pod()
-    intended, decisions = engine(
+    intended, decisions, _ = engine(
         Step("add", add_annotation), Step("no", lambda p: Action.denied)
     ).run_to_fixed_point(original, REQUEST)
     assert intended is not original and intended["metadata"]["annotations"]["added"] == "yes"
@@ -194,9 +194,9 @@ def test_an_honest_denial_returns_the_pod_as_the_mutators_before_it_left_it() ->
 
 def test_a_denial_before_any_change_returns_the_original() -> None:
     original = pod()
-    intended, _ = engine(Step("no", lambda p: Action.denied), Step("add", add_annotation)).run_to_fixed_point(
-        original, REQUEST
-    )
+    intended, _, _ = engine(
+        Step("no", lambda p: Action.denied), Step("add", add_annotation)
+    ).run_to_fixed_point(original, REQUEST)
     assert intended is original
 
 
@@ -240,7 +240,7 @@ def test_two_mutators_feeding_each_other_need_a_third_pass() -> None:
 
 def test_a_single_quiet_pass_is_enough() -> None:
     quiet = Step("quiet", lambda p: Action.unchanged)
-    intended, _ = engine(quiet).run_to_fixed_point(original := pod(), REQUEST)
+    intended, _, _ = engine(quiet).run_to_fixed_point(original := pod(), REQUEST)
     assert intended is original and quiet.calls == 1
 
 
@@ -258,7 +258,7 @@ def test_a_mutator_changing_every_pass_does_not_converge() -> None:
 
 def test_no_mutator_returns_the_original_without_copying() -> None:
     original = pod()
-    assert engine().run_to_fixed_point(original, REQUEST) == (original, ())
+    assert engine().run_to_fixed_point(original, REQUEST) == (original, (), None)
 
 
 def test_mutators_never_receive_the_original_and_it_never_changes() -> None:
@@ -319,7 +319,7 @@ def test_without_bytes_a_lie_and_a_reordering_are_still_told_apart() -> None:
         engine(Step("liar", lambda p: (add_annotation(p), Action.unchanged)[1])).run_to_fixed_point(
             original, REQUEST
         )
-    intended, _ = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
+    intended, _, _ = engine(Step("reorder", reorder_metadata)).run_to_fixed_point(original, REQUEST)
     assert intended is original
     seen: list[list[str]] = []
 
@@ -327,7 +327,7 @@ def test_without_bytes_a_lie_and_a_reordering_are_still_told_apart() -> None:
         seen.append(list(pod["metadata"]))
         return add_annotation(pod)
 
-    intended, _ = engine(Step("reorder", reorder_metadata), Step("add", look_then_add)).run_to_fixed_point(
+    intended, _, _ = engine(Step("reorder", reorder_metadata), Step("add", look_then_add)).run_to_fixed_point(
         original, REQUEST
     )
     assert seen[0] == ["name", "labels", "annotations"] and list(intended["metadata"]) == seen[0]
@@ -342,7 +342,7 @@ def test_a_mutator_writing_what_orjson_cannot_is_a_change_and_later_ones_are_sti
         return Action.mutated
 
     original = pod()
-    intended, decisions = engine(Step("big", big), Step("add", add_annotation)).run_to_fixed_point(
+    intended, decisions, _ = engine(Step("big", big), Step("add", add_annotation)).run_to_fixed_point(
         original, REQUEST
     )
     assert [d.action for d in decisions] == [Action.mutated, Action.mutated]
