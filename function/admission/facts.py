@@ -18,8 +18,7 @@ from typing import Any
 from function.admission.wire import AdmissionReview
 from function.core.engine import Decision
 from function.core.json_patch import Operation
-
-SECRET_CONTAINER_FIELDS = ("containers", "initContainers", "ephemeralContainers")
+from function.core.pod import CONTAINER_LISTS, first_owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +95,9 @@ def _text(value: Any) -> str | None:
 
 
 def _owner(metadata: Mapping[str, Any]) -> OwnerFacts | None:
-    references = metadata.get("ownerReferences")
-    if not isinstance(references, list):
+    chosen = first_owner(metadata)
+    if chosen is None:
         return None
-    candidates = [ref for ref in references if isinstance(ref, dict)]
-    if not candidates:
-        return None
-    chosen = next((ref for ref in candidates if ref.get("controller") is True), candidates[0])
     return OwnerFacts(
         api_version=str(chosen.get("apiVersion", "")),
         kind=str(chosen.get("kind", "")),
@@ -130,7 +125,7 @@ def secret_strings(pod: Any) -> set[str]:
     found: set[str] = set()
     if not isinstance(spec, dict):
         return found
-    for field in SECRET_CONTAINER_FIELDS:
+    for field in CONTAINER_LISTS:
         containers = spec.get(field)
         for container in containers if isinstance(containers, list) else []:
             if not isinstance(container, dict):

@@ -11,7 +11,7 @@ from function.admission.facts import AuditFacts, audit_facts
 from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied, patched
 from function.core.engine import Decision, Engine
 from function.core.mutators.base import RequestContext
-from function.core.pod_identity import describe_pod
+from function.core.pod import describe_pod
 from function.core.view import EMPTY_VIEW, ClusterView
 
 log = logging.getLogger("castslice.admission")
@@ -69,7 +69,7 @@ def naming_pod(message: str, pod: str) -> str:
 
 
 def response_for(uid: str, decision: Decision, pod: str = "") -> AdmissionResponse:
-    """The reply to a decision; ``pod`` (function/core/pod_identity.py) ends a denial's message, so a
+    """The reply to a decision; ``pod`` (``describe_pod``) ends a denial's message, so a
     multi-document ``kubectl apply`` says which Pod was refused."""
     audit: dict[str, str] = {"outcome": decision.outcome}
     # Name the mutators only when their work reaches the apiserver (a patch or a denial), not

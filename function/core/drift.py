@@ -33,8 +33,8 @@ from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.core.engine import Decision, Engine
 from function.core.json_patch import Operation
 from function.core.mutators.base import Action, RequestContext
-from function.core.pod import Pod
-from function.core.view import FINISHED_PHASES, PODS, ClusterView, Owner, controller_of
+from function.core.pod import Owner, Pod, controller_of
+from function.core.view import FINISHED_PHASES, PODS, ClusterView
 
 ERROR: Final = "error"
 """The mutator column of a Pod the engine could not judge (an internal error): shown, not drift."""

@@ -32,7 +32,7 @@ from function.core.json_patch import (
 from function.core.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.core.mutators.registry import Neighbours, Settings
 from function.core.placement import placement_fields, scheduling_violations
-from function.core.pod import Pod, cap_warning, labels_of
+from function.core.pod import Pod, labels_of
 from function.core.rules import introduced_violations
 
 ENGINE_VERSION = "0.1.0"
@@ -275,7 +275,7 @@ class Engine:
             "error",
             True,
             f"{summary}: {error}",
-            warnings=(cap_warning(f"castslice: {summary}; Pod admitted unchanged"),),
+            warnings=(f"castslice: {summary}; Pod admitted unchanged",),
         )
 
 

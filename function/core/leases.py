@@ -21,8 +21,9 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from function.core.pod import controller_of
 from function.core.quantity import QuantityError, parse_quantity
-from function.core.view import WatchSpec, controller_of
+from function.core.view import WatchSpec
 
 GROUP, VERSION, PLURAL, KIND = "castops.io", "v1alpha1", "gpuleases", "GpuLease"
 API_VERSION = f"{GROUP}/{VERSION}"

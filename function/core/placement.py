@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 # Re-exported: the mutators write the keys the view reads back; the view defines them once.
+from function.core.pod import Pod
 from function.core.view import DECISION_ANNOTATION as DECISION_ANNOTATION
 from function.core.view import PLACEMENT_LABEL as PLACEMENT_LABEL
-
-Pod = dict[str, Any]
 
 SPOT: Final = "spot"
 ON_DEMAND: Final = "on-demand"
@@ -340,36 +339,7 @@ def placement_mode(placement: Placement) -> SpotMode:
     return "only-spot" if placement == SPOT else "on-demand"
 
 
-# --- who the Pod belongs to -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OwnerRef:
-    kind: str
-    name: str
-    uid: str
-    api_version: str = ""
-
-
-def controller_of(pod: Pod) -> OwnerRef | None:
-    """The Pod's controller: the ownerReference with ``controller: true`` (at most one exists, the
-    apiserver enforces it), or None for a bare Pod. References without a kind or uid are ignored."""
-    metadata = pod.get("metadata")
-    references = metadata.get("ownerReferences") if isinstance(metadata, dict) else None
-    for reference in references if isinstance(references, list) else ():
-        if not isinstance(reference, dict) or reference.get("controller") is not True:
-            continue
-        kind, uid = reference.get("kind"), reference.get("uid")
-        if isinstance(kind, str) and kind and isinstance(uid, str) and uid:
-            name = reference.get("name")
-            api_version = reference.get("apiVersion")
-            return OwnerRef(
-                kind,
-                name if isinstance(name, str) else "",
-                uid,
-                api_version if isinstance(api_version, str) else "",
-            )
-    return None
+# --- the placement a Pod carries -----------------------------------------------------------------
 
 
 def placement_of(pod: Pod) -> Placement | None:

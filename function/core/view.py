@@ -28,10 +28,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import immutables
+
+from function.core.pod import NO_OWNER, NOTHING, Owner, controller_of, metadata_of
 
 Record = Any
 """A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
@@ -48,17 +49,6 @@ MUTATION_GROUP_ANNOTATION = "castops.io/pod-mutation-group"
 
 
 # -- slim records ---------------------------------------------------------------------------------
-class Owner(NamedTuple):
-    """The controller ownerReference (``controller: true``); the empty owner when there is none."""
-
-    uid: str = ""
-    kind: str = ""
-    name: str = ""
-
-
-NO_OWNER = Owner()
-
-
 class PodRecord(NamedTuple):
     """What the view keeps of a Pod: about 0.5 KiB at 100k Pods (indices included, measured by
     tests/benchmark_view.py), not the object's 5-20 KiB."""
@@ -90,33 +80,13 @@ class ReplicaSetRecord(NamedTuple):
     terminating: bool
 
 
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
-
-
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
 def _interned(value: object) -> str:
-    # Namespaces, owner uids and placements repeat across thousands of Pods: one string each.
+    # Namespaces and placements repeat across thousands of Pods: one string each.
     return sys.intern(value) if isinstance(value, str) else ""
-
-
-def controller_of(metadata: Mapping[str, Any]) -> Owner:
-    """The ownerReference with ``controller: true`` (there is at most one), else NO_OWNER."""
-    references = metadata.get("ownerReferences")
-    if not isinstance(references, list):
-        return NO_OWNER
-    for reference in references:
-        if isinstance(reference, Mapping) and reference.get("controller") is True:
-            return Owner(
-                _interned(reference.get("uid")),
-                _interned(reference.get("kind")),
-                _interned(reference.get("name")),
-            )
-    return NO_OWNER
 
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -131,7 +101,7 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
     status = obj.get("status")
     if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
         return None
-    metadata = _metadata(obj)
+    metadata = metadata_of(obj)
     uid = _text(metadata.get("uid"))
     if not uid:
         return None
@@ -153,7 +123,7 @@ def slim_pod(obj: Mapping[str, Any]) -> PodRecord | None:
 
 
 def slim_replicaset(obj: Mapping[str, Any]) -> ReplicaSetRecord | None:
-    metadata = _metadata(obj)
+    metadata = metadata_of(obj)
     uid = _text(metadata.get("uid"))
     if not uid:
         return None
@@ -182,12 +152,12 @@ def _keep(obj: Mapping[str, Any]) -> Record:
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:
-    return _text(_metadata(obj).get("uid"))
+    return _text(metadata_of(obj).get("uid"))
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
     """The key of a cluster-scoped object looked up by name (a Namespace)."""
-    return _text(_metadata(obj).get("name"))
+    return _text(metadata_of(obj).get("name"))
 
 
 @dataclass(frozen=True)
@@ -303,8 +273,6 @@ def rbac_rules(specs: Iterable[WatchSpec]) -> list[dict[str, list[str]]]:
 
 # -- the view a mutator reads ---------------------------------------------------------------------
 EMPTY_MAP: immutables.Map[str, Any] = immutables.Map()
-NOTHING: Mapping[str, Any] = MappingProxyType({})
-"""What an unknown index or group reads as (read-only, equal to {})."""
 
 
 class ClusterView(Protocol):
@@ -422,7 +390,7 @@ def _added(total: tuple[int, ...], values: tuple[int, ...], sign: int) -> tuple[
 
 def record_key(record: Record) -> str:
     """A record's key: its ``uid`` attribute, or ``metadata.uid`` of a whole object."""
-    uid = _metadata(record).get("uid") if isinstance(record, Mapping) else getattr(record, "uid", None)
+    uid = metadata_of(record).get("uid") if isinstance(record, Mapping) else getattr(record, "uid", None)
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"a cluster-view record needs a non-empty str uid: {record!r}")
     return uid

@@ -14,12 +14,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from function.core.pod import CONTAINER_LISTS
 from function.offline.discovery import Path, PodSite, dotted, get_path
 from function.offline.yamldoc import YAML11_BOOLEANS, DateText, is_plain_scalar
 
 CASTSLICE_PREFIX = "castops.io/"
 OPT_IN_ANNOTATION = "castops.io/optimize"
-CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 _STRING_MAPS_OF_META = ("annotations", "labels")
 _STRING_FIELDS_OF_META = ("name", "generateName", "namespace")
 _STRING_FIELDS_OF_SPEC = (

@@ -29,7 +29,8 @@ from function.core.config import Config
 from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
 from function.core.mutators.spot import LEDGER_INDEX, LedgerEntry
-from function.core.placement import DECISION_ANNOTATION, controller_of, placement_of
+from function.core.placement import DECISION_ANNOTATION, placement_of
+from function.core.pod import controller_of, metadata_of
 from function.core.view import ClusterView
 
 log = logging.getLogger("castslice.spot")
@@ -69,13 +70,12 @@ class DecisionLedger:
         for replies that were sent with the patch (not dry runs, not shadow decisions)."""
         if not isinstance(pod, Mapping):
             return False
-        as_dict = dict(pod)
-        owner = controller_of(as_dict)
-        placement = placement_of(as_dict)
-        metadata = pod.get("metadata")
-        annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+        metadata = metadata_of(pod)
+        owner = controller_of(metadata)
+        placement = placement_of(dict(pod))
+        annotations = metadata.get("annotations")
         decision = annotations.get(DECISION_ANNOTATION) if isinstance(annotations, Mapping) else None
-        if owner is None or placement is None or not isinstance(decision, str) or not decision:
+        if not owner.uid or placement is None or not isinstance(decision, str) or not decision:
             return False
         self.record(owner.uid, decision, placement)
         return True

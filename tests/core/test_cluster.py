@@ -8,21 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from function.core.pod import NO_OWNER, Owner
 from function.core.view import (
     EMPTY_VIEW,
-    NO_OWNER,
     PLACEMENT_LABEL,
     PODS,
     REPLICASETS,
     IndexState,
-    Owner,
     PodRecord,
     ReplicaSetRecord,
     StaticView,
     View,
     WatchSpec,
     by_owner,
-    controller_of,
     merge_specs,
     rbac_rules,
     slim_pod,
@@ -71,20 +69,6 @@ def test_a_pod_without_uid_is_not_kept() -> None:
     assert slim_pod({"metadata": {"name": "x"}}) is None
     assert slim_pod({}) is None
     assert slim_replicaset({"metadata": {"name": "x"}}) is None
-
-
-def test_only_the_controller_reference_is_the_owner() -> None:
-    metadata = {
-        "ownerReferences": [
-            {"kind": "Other", "uid": "not-controller", "name": "a"},
-            {"kind": "Other", "uid": "false-controller", "name": "b", "controller": False},
-            {"kind": "ReplicaSet", "uid": "the-one", "name": "c", "controller": True},
-        ]
-    }
-    assert controller_of(metadata) == Owner("the-one", "ReplicaSet", "c")
-    assert controller_of({"ownerReferences": [{"uid": "x", "controller": "true"}]}) == NO_OWNER
-    assert controller_of({"ownerReferences": "junk"}) == NO_OWNER
-    assert controller_of({}) == NO_OWNER
 
 
 def test_malformed_metadata_gives_empty_fields_not_errors() -> None:

@@ -7,10 +7,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from function.core.pod import Owner
 from function.core.view import (
     PODS,
     IndexState,
-    Owner,
     ReplicaSetRecord,
     StaticView,
     by_owner,

@@ -193,27 +193,6 @@ def test_custom_scheme_rejects_invalid_labels() -> None:
         p.custom_scheme("pool", "", tainted=False)
 
 
-def test_controller_of_takes_the_controller_reference_only() -> None:
-    owned = {
-        "metadata": {
-            "ownerReferences": [
-                {"kind": "Thing", "name": "t", "uid": "1"},
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": "web-1",
-                    "uid": "2",
-                    "controller": True,
-                },
-            ]
-        }
-    }
-    assert p.controller_of(owned) == p.OwnerRef("ReplicaSet", "web-1", "2", "apps/v1")
-    assert p.controller_of(pod()) is None
-    assert p.controller_of({"metadata": {"ownerReferences": [{"kind": "X", "controller": True}]}}) is None
-    assert p.controller_of({"metadata": {"ownerReferences": "x"}}) is None
-
-
 def test_placement_of_reads_only_valid_values() -> None:
     assert p.placement_of({"metadata": {"labels": {p.PLACEMENT_LABEL: "spot"}}}) == "spot"
     assert p.placement_of({"metadata": {"labels": {p.PLACEMENT_LABEL: "on-demand"}}}) == "on-demand"

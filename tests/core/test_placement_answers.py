@@ -327,26 +327,6 @@ def test_a_term_with_malformed_expressions_does_not_stop_the_next_term() -> None
     ]
 
 
-# --- controllers -----------------------------------------------------------------------------------
-
-
-def test_controller_of_a_pod_with_malformed_metadata() -> None:
-    assert p.controller_of({"metadata": "not a map"}) is None
-    assert p.controller_of({}) is None
-
-
-def test_controller_of_needs_a_string_uid() -> None:
-    reference = {"kind": "ReplicaSet", "name": "web", "uid": 42, "controller": True}
-    assert p.controller_of({"metadata": {"ownerReferences": [reference]}}) is None
-
-
-def test_controller_of_blanks_a_name_or_api_version_that_is_not_a_string() -> None:
-    reference = {"kind": "ReplicaSet", "name": 7, "uid": "u1", "apiVersion": ["apps/v1"], "controller": True}
-    assert p.controller_of({"metadata": {"ownerReferences": [reference]}}) == p.OwnerRef(
-        "ReplicaSet", "", "u1", ""
-    )
-
-
 # --- the split rules -------------------------------------------------------------------------------
 
 

@@ -20,16 +20,16 @@ from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, OwnedResource, Rename, conflict
 from function.core.pod import (
     WARNING_LIMIT,
+    Owner,
     asked_resources,
     cap_warning,
     container_label,
     ensure_map,
     iter_containers,
-    remove_resource,
     resource_sections,
     set_resource,
 )
-from function.core.view import EMPTY_VIEW, Owner, PodRecord, StaticView
+from function.core.view import EMPTY_VIEW, PodRecord, StaticView
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTED_IN_GPU_POD: dict[str, Any] = {
@@ -219,13 +219,11 @@ def test_named_response_constructors_serialize_as_the_apiserver_expects() -> Non
 
 
 # -- shared Pod helpers -----------------------------------------------------------------------------------
-def test_set_and_remove_resource_write_limits_and_requests_together() -> None:
+def test_set_resource_writes_limits_and_requests_together() -> None:
     container: dict[str, Any] = {"name": "c", "resources": {"limits": None, "requests": {"cpu": "1"}}}
     set_resource(container, "x.io/gpu", "2")
     assert container["resources"] == {"limits": {"x.io/gpu": "2"}, "requests": {"cpu": "1", "x.io/gpu": "2"}}
     assert asked_resources(container) == {"cpu", "x.io/gpu"}
-    remove_resource(container, "x.io/gpu")
-    assert container["resources"] == {"limits": {}, "requests": {"cpu": "1"}}
     assert resource_sections({"resources": ["odd"]}) == []
     bare: dict[str, Any] = {}
     set_resource(bare, "x.io/gpu", "1")

@@ -3,11 +3,9 @@ quoted for messages, at their edges."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from function.core.pod import WARNING_LIMIT, fit_warning, remove_resource, shown
+from function.core.pod import WARNING_LIMIT, fit_warning, shown
 
 
 def test_a_warning_that_fits_is_kept_whole() -> None:
@@ -47,9 +45,3 @@ def test_shown_quotes_and_cuts_at_24_by_default(value: object, text: str) -> Non
 def test_shown_cuts_at_the_limit_given() -> None:
     assert shown("x" * 10, 10) == '"' + "x" * 10 + '"'
     assert shown("x" * 11, 10) == '"xxxxxxx..."'
-
-
-def test_remove_resource_from_only_the_sections_that_hold_it() -> None:
-    container: dict[str, Any] = {"resources": {"limits": {"a": "1", "b": "1"}, "requests": {"b": "1"}}}
-    remove_resource(container, "a")
-    assert container == {"resources": {"limits": {"b": "1"}, "requests": {"b": "1"}}}

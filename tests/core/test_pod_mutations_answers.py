@@ -25,9 +25,10 @@ from function.core.mutators.pod_mutations import (
     watches,
 )
 from function.core.placement import SiblingCounts
+from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, Siblings
 from function.core.podmutation.compiled import InvalidMutation, compile_object
-from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, IndexState, Owner, PodRecord, StaticView, View
+from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, IndexState, PodRecord, StaticView, View
 from tests.core.test_podmutation_plugin import pm
 from tests.support import PodGroupView
 

@@ -45,8 +45,10 @@ def owned(*references: Any, **metadata: Any) -> dict[str, Any]:
             owned("junk", {"kind": "Job", "name": "j", "uid": "u", "controller": True}),
             Workload(NS, "Job", "j"),
         ),
-        (owned({"name": "x", "controller": True}), Workload(NS, "", "x")),
-        (owned({"kind": "Job", "controller": True}), Workload(NS, "Job", "")),
+        # A controller reference without a kind or a uid names no controller (function.core.pod):
+        # the Pod is bare here as it is to spot.
+        (owned({"name": "x", "controller": True}), Workload(NS, "Pod", "")),
+        (owned({"kind": "Job", "controller": True}), Workload(NS, "Pod", "")),
         (
             owned(
                 {"kind": "Job", "name": "batch-abc", "uid": "u", "controller": True},
@@ -177,5 +179,5 @@ def test_the_owner_lookup_gets_the_references_kind_name_and_uid() -> None:
     def lookup(kind: str, name: str, uid: str) -> None:
         asked.append((kind, name, uid))
 
-    workload_of(owned({"kind": "ReplicaSet", "name": "web-abc", "controller": True}), NS, lookup)
-    assert asked[0] == ("ReplicaSet", "web-abc", "")
+    workload_of(owned({"kind": "ReplicaSet", "name": "web-abc", "uid": "u", "controller": True}), NS, lookup)
+    assert asked[0] == ("ReplicaSet", "web-abc", "u")

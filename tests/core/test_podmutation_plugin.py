@@ -21,8 +21,9 @@ from function.core.engine import Engine
 from function.core.json_patch import copy_json
 from function.core.mutators.base import RequestContext
 from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, mutation_records, siblings_of
+from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, pod_shape_problem
-from function.core.view import Owner, PodRecord, StaticView, slim_pod
+from function.core.view import PodRecord, StaticView, slim_pod
 from tests.support import asgi_client
 
 TEMPLATE = "scheduling.cast.ai/node-template"

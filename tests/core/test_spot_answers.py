@@ -23,7 +23,8 @@ from function.core.mutators.spot import (
     slim_namespace,
 )
 from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, SiblingCounts
-from function.core.view import Owner, PodRecord
+from function.core.pod import Owner
+from function.core.view import PodRecord
 from tests.spot_support import RS_UID, Ctx, make_pod, owner, run, spot_mutator, view_with
 from tests.support import PodGroupView
 

@@ -20,19 +20,12 @@ from function.core.configtypes import MutatorConfig
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.core.placement import SiblingCounts
-from function.core.pod import WARNING_LIMIT, Pod, labels_of
+from function.core.pod import Owner, Pod, controller_of, fit_warning, labels_of, metadata_of
 from function.core.podmutation.apply import Siblings, apply_mutation, marked_by
 from function.core.podmutation.compiled import CompiledMutation, InvalidMutation, compile_object
 from function.core.podmutation.match import OwnerLookup, Workload, select, workload_of
 from function.core.podmutation.spec import CASTAI_GROUP, CASTAI_VERSION, KIND, OUR_GROUP, OUR_VERSION, PLURAL
-from function.core.view import (
-    PODS,
-    REPLICASETS,
-    ClusterView,
-    Owner,
-    WatchSpec,
-    controller_of,
-)
+from function.core.view import PODS, REPLICASETS, ClusterView, WatchSpec
 
 NAME = "pod-mutations"
 CASTAI_OPT_OUT_LABEL = "pod-mutator.cast.ai/ignore"
@@ -106,8 +99,7 @@ def _owner_lookup(view: ClusterView) -> OwnerLookup | None:
 
 def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
     """The live Pods of the same controller, by placement (from the view's Pods grouped by owner)."""
-    metadata = pod.get("metadata")
-    owner = controller_of(metadata if isinstance(metadata, Mapping) else {})
+    owner = controller_of(metadata_of(pod))
     if not owner.uid or not view.available:
         return Siblings()
     spot = on_demand = unplaced = 0
@@ -136,11 +128,6 @@ def loaded_mutations(view: ClusterView, castai: bool) -> tuple[list[CompiledMuta
             elif isinstance(record, InvalidMutation):
                 invalid.append(record)
     return valid, invalid
-
-
-def _short(text: str) -> str:
-    """The apiserver passes at most WARNING_LIMIT characters of a warning on."""
-    return text if len(text) <= WARNING_LIMIT else text[: WARNING_LIMIT - 3] + "..."
 
 
 def describe_workload(workload: Workload) -> str:
@@ -192,10 +179,10 @@ class PodMutations:
             pod.update(result)
         label = f"podmutation {mutation.name} (generation {mutation.generation})"
         # The warning (120 characters at most) says what failed; the decision's reason has it whole.
-        warnings = [_short(f"podmutation {mutation.ref}: {w}") for w in done.warnings]
+        warnings = [fit_warning(f"podmutation {mutation.ref}: {w}") for w in done.warnings]
         if selection.tied:
             others = ", ".join(c.mutation.name for c in selection.tied)
-            warnings.append(_short(f"{label} chosen by name over equally specific {others}"))
+            warnings.append(fit_warning(f"{label} chosen by name over equally specific {others}"))
         changes = "; ".join(done.changes + done.warnings) or "no change but the mark"
         reason = f"{label} for {describe_workload(workload)}: {changes}"
         if done.notes:  # extended paths that selected nothing: skipped, and said so

@@ -46,11 +46,9 @@ from function.core.placement import (
     PLACEMENT_LABEL,
     SPOT,
     LabelScheme,
-    OwnerRef,
     Placement,
     SiblingCounts,
     apply_spot_mode,
-    controller_of,
     custom_scheme,
     hash_split,
     label_key_problem,
@@ -59,7 +57,7 @@ from function.core.placement import (
     placement_of,
     spot_target,
 )
-from function.core.pod import Pod, annotations_of, labels_of
+from function.core.pod import NO_OWNER, Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
 from function.core.podmutation.apply import marked_by
 from function.core.view import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec
 
@@ -332,11 +330,11 @@ class Spot:
         skip = self._left_alone(pod, ctx, str(namespace))
         if skip:
             return MutatorResult.unchanged(skip)
-        owner = controller_of(pod)
+        owner = controller_of(metadata_of(pod))
         sticky = placement_of(pod)
         if sticky is not None:
             return self._place(pod, ctx, sticky, f"already placed ({PLACEMENT_LABEL}={sticky})")
-        if owner is not None and owner.kind == "DaemonSet":
+        if owner.kind == "DaemonSet":
             account = apply_spot_mode(pod, "optional-spot", self.scheme)
             if account is None:
                 return MutatorResult.unchanged("DaemonSet Pod already tolerates spot")
@@ -373,7 +371,7 @@ class Spot:
             # The apiserver creates no Pod without one of them: this is a workload's Pod template
             # (castslice mutate), and a placement label there would pin every Pod to one placement.
             return "a Pod template (no name or generateName): placed per Pod when each is created"
-        if controller_of(pod) is None and not self.config.placeBarePods:
+        if controller_of(metadata_of(pod)) is NO_OWNER and not self.config.placeBarePods:
             return "bare Pod (no controller): left alone (placeBarePods: false)"
         for index, term in enumerate(self.config.ignorePods):
             if self._matches(term, pod, namespace, ctx):
@@ -390,7 +388,7 @@ class Spot:
                 return f"spreads itself over {self.scheme.key} (topologySpreadConstraints)"
         return None
 
-    def _choose(self, pod: Pod, ctx: RequestContext, namespace: str, owner: OwnerRef | None) -> Choice | None:
+    def _choose(self, pod: Pod, ctx: RequestContext, namespace: str, owner: Owner) -> Choice | None:
         annotations = annotations_of(pod)
         lifecycle = annotations.get(LIFECYCLE)
         if lifecycle is not None and lifecycle not in (SPOT, ON_DEMAND):
@@ -417,7 +415,7 @@ class Spot:
         if lifecycle is not None:
             placement: Placement = SPOT if lifecycle == SPOT else ON_DEMAND  # validated above
             return Choice(placement, f"rule workload annotation {LIFECYCLE}={lifecycle}")
-        if owner is not None and owner.kind in PARTIAL_KINDS:
+        if owner.kind in PARTIAL_KINDS:
             if raw_percentage is not None:
                 return self._partial(ctx, owner, int(raw_percentage), f"{SPOT_PERCENTAGE}={raw_percentage}")
             if self.config.percentage > 0:
@@ -427,7 +425,7 @@ class Spot:
             return Choice(SPOT, "rule defaultToSpot")
         return None
 
-    def _partial(self, ctx: RequestContext, owner: OwnerRef, percentage: int, source: str) -> Choice:
+    def _partial(self, ctx: RequestContext, owner: Owner, percentage: int, source: str) -> Choice:
         view = ctx.cluster
         where = f"{owner.kind} {owner.name or owner.uid}{_desired(view, owner)}"
         if not view.available or not view.synced(PODS_INDEX):
@@ -530,7 +528,7 @@ def _namespace_labels(view: ClusterView, namespace: str) -> Mapping[str, str] | 
     return None
 
 
-def _desired(view: ClusterView, owner: OwnerRef) -> str:
+def _desired(view: ClusterView, owner: Owner) -> str:
     """ " (wants N)" for a ReplicaSet the view knows with a replica count, else ""."""
     record = view.index(REPLICASETS_INDEX).get(owner.uid) if owner.kind == "ReplicaSet" else None
     if isinstance(record, ReplicaSetRecord) and record.replicas is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from function.core.pod import controller_of, metadata_of
 from function.core.podmutation.compiled import (
     EXACT,
     NONE,
@@ -42,21 +43,12 @@ class Workload:
     name: str
 
 
-def _controller(refs: Any) -> tuple[str, str, str] | None:
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return str(ref.get("kind", "")), str(ref.get("name", "")), str(ref.get("uid", ""))
-    return None
-
-
 def workload_of(pod: Mapping[str, Any], namespace: str, owner_of: OwnerLookup | None = None) -> Workload:
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
-    owner = _controller(metadata.get("ownerReferences"))
-    if owner is None:
+    metadata = metadata_of(pod)
+    controller = controller_of(metadata)
+    if not controller.uid:
         return Workload(namespace, "Pod", str(metadata.get("name") or metadata.get("generateName") or ""))
+    owner = controller.kind, controller.name, controller.uid
     for _ in range(8):  # owner chains are short; a cycle in a broken view must not hang a review
         parent = owner_of(*owner) if owner_of is not None else None
         if parent is None:
