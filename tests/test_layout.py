@@ -23,9 +23,10 @@ FUNCTION = Path(__file__).resolve().parent.parent / "function"
 CORE_MAY_IMPORT = ("function.core", "function.contract")
 """Of this project: the core itself and the names shared with manifests and tests."""
 
-CORE_PACKAGES = frozenset({"pydantic", "orjson", "immutables", "yaml", "jsonpatch", "jsonpointer"})
-"""Packages beyond the standard library the core is built on: models, JSON, persistent maps, and
-the RFC 6902 implementation the PodMutation patches go through. None of them does I/O as used."""
+CORE_PACKAGES = frozenset({"pydantic", "orjson", "immutables", "yaml", "jsonpatch", "jsonpointer", "re2"})
+"""Packages beyond the standard library the core is built on: models, JSON, persistent maps, the
+RFC 6902 implementation the PodMutation patches go through, and RE2 for the regular expressions
+users write in them. None of them does I/O as used."""
 
 CORE_FORBIDDEN_STDLIB = frozenset(
     {

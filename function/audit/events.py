@@ -27,6 +27,7 @@ from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
 from function.core.engine import ENGINE_VERSION, Decision
 from function.core.json_patch import Operation
 from function.core.pod import cap_warning
+from function.core.pointer import tokens
 
 DATASCHEMA_URI: Final = (
     "https://raw.githubusercontent.com/castops/castslice/main/function/schemas/decision-event.v1.json"
@@ -113,8 +114,6 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
 
 
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
 
 
 def _at_secret_position(path: tuple[str, ...]) -> bool:
@@ -157,7 +156,7 @@ def _redacted_ops(patch: Sequence[Operation], secrets: AbstractSet[str]) -> tupl
     for op in patch:
         copied = dict(op)
         if "value" in copied:
-            path = tuple(_unescape(token) for token in str(copied.get("path", "")).split("/")[1:])
+            path = tokens(str(copied.get("path", "")))
             copied["value"], found = _redacted_value(copied["value"], path, secrets)
             total += found
         result.append(copied)

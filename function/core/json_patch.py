@@ -14,14 +14,9 @@ from typing import Any
 
 import orjson
 
+from function.core.pointer import escape, unescape
+
 Operation = dict[str, Any]
-
-
-def escape(token: str) -> str:
-    """RFC 6901: '~' becomes '~0' and '/' becomes '~1' (so nvidia.com/gpu is nvidia.com~1gpu)."""
-    if "~" not in token and "/" not in token:
-        return token
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 def canonical(value: Any) -> bytes:
@@ -207,10 +202,6 @@ class PatchProofError(Exception):
     """The patch does not turn the original into the intended object."""
 
 
-def _unescape(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~") if "~" in token else token
-
-
 def _index(token: str, size: int, op: str) -> int:
     # RFC 6901: an array index is 0 or digits without a leading zero; "-" (add) means the end.
     if op == "add" and token == "-":
@@ -260,7 +251,7 @@ def apply_patch(document: Any, patch: list[Operation]) -> Any:
         if parent is None:
             parent = parents[parent_path] = _walk(root, parent_path, copied, trail, path)
         if "~" in last:  # the test inline: most tokens have no escape, and a call costs more
-            last = _unescape(last)
+            last = unescape(last)
         if isinstance(parent, dict):
             if op == "add":
                 old = parent.get(last)  # an add on a present member replaces it
@@ -315,7 +306,7 @@ def _walk(
             if position == 0:
                 key: Any = 0
             else:
-                key = _unescape(token) if "~" in token else token
+                key = unescape(token) if "~" in token else token
                 if not isinstance(parent, dict):
                     key = _index(key, len(parent), "get")
             child = parent[key]

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from function.core.json_patch import copy_json, escape
+from function.core.json_patch import copy_json
+from function.core.pointer import escape, tokens
 
 Segment = str | int
 Path = tuple[Segment, ...]
@@ -211,9 +212,7 @@ def pointer(path: Path) -> str:
 
 def parse_pointer(text: str) -> Path:
     """An RFC 6901 pointer as path segments (strings; list indices stay digit strings)."""
-    if not text:
-        return ()
-    return tuple(part.replace("~1", "/").replace("~0", "~") for part in text.split("/")[1:])
+    return tokens(text)
 
 
 def get_path(document: Any, path: Path) -> Any:

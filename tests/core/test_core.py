@@ -9,7 +9,7 @@ import pytest
 
 from function.core.config import Config, ConfigError, parse_config
 from function.core.engine import Engine, NotConverged
-from function.core.json_patch import PatchProofError, diff, escape, prove, same
+from function.core.json_patch import PatchProofError, diff, prove, same
 from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.rules import extended_resource_violations, is_extended_resource
@@ -91,9 +91,6 @@ def test_valid_extended_resources_have_no_violations() -> None:
 
 
 # -- patches -----------------------------------------------------------------------------------
-def test_escape_follows_rfc_6901() -> None:
-    assert escape("nvidia.com/gpu") == "nvidia.com~1gpu"
-    assert escape("a~b/c") == "a~0b~1c"
 
 
 def test_same_is_json_equality() -> None:

@@ -31,7 +31,8 @@ from typing import Any, Literal
 import jsonpatch
 import jsonpointer
 
-from function.core.json_patch import copy_json, escape, same
+from function.core.json_patch import copy_json, same
+from function.core.pointer import escape, escape_problem, unescape
 
 OPS = ("add", "remove", "replace", "move", "copy", "test")
 Op = Literal["add", "remove", "replace", "move", "copy", "test"]
@@ -61,9 +62,10 @@ class CompiledPath:
 
 
 def _unescape(token: str) -> str:
-    if re.search(r"~(?![01])", token):
-        raise PathError(f"{token!r}: '~' must be followed by 0 or 1 (RFC 6901 escapes ~0 and ~1)")
-    return token.replace("~1", "/").replace("~0", "~")
+    problem = escape_problem(token)
+    if problem:
+        raise PathError(f"{token!r}: {problem}")
+    return unescape(token)
 
 
 def parse_path(raw: str) -> CompiledPath:
