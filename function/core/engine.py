@@ -3,37 +3,25 @@
 Gatekeeper's mutation system is the model: mutators run in order, passes repeat until a whole
 pass changes nothing, and a system that does not converge is an error, not a guess. The result
 is then turned into a JSON Patch, the patch is applied to the original and compared with the
-intended Pod, and the apiserver's extended-resource rules are checked. Anything off means the
-Pod is admitted unchanged with a warning: CastSlice never sends a patch that rejects a Pod.
+intended Pod (``json_patch``), and the apiserver's rules are checked on what it makes (``rules``).
+Anything off means the Pod is admitted unchanged with a warning: CastSlice never sends a patch
+that rejects a Pod.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import is_not
 from typing import Any, Literal, NamedTuple
-
-import orjson
 
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.core.config import Config
 from function.core.configtypes import MutatorMode, OnInternalError
-from function.core.json_patch import (
-    Operation,
-    PatchProofError,
-    copy_json,
-    diff,
-    exact_json,
-    prove,
-    quick_changes,
-    same,
-)
+from function.core.json_patch import Operation, PatchProofError, WorkingCopy, diff, prove, quick_changes
 from function.core.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.core.mutators.registry import Neighbours, Settings
-from function.core.placement import placement_fields, scheduling_violations
 from function.core.pod import Pod, labels_of
-from function.core.rules import introduced_violations
+from function.core.rules import introduced
 
 ENGINE_VERSION = "0.1.0"
 MAX_PASSES = 5
@@ -205,7 +193,7 @@ class Engine:
             return FixedPoint(pod, (), None)
         # One copy per review, which the mutators edit in place one after another (a deep copy
         # per mutator run was most of the engine's cost); the original is never handed out.
-        working = _Working(pod)
+        working = WorkingCopy(pod)
         decisions: dict[str, MutatorDecision] = {}
         for _ in range(MAX_PASSES):
             changed_in_pass = False
@@ -237,7 +225,7 @@ class Engine:
         what it would do is recorded (``shadow=True``); its changes and denials go nowhere."""
         decisions = []
         for mutator in self.shadow:
-            working = _Working(pod)
+            working = WorkingCopy(pod)
             result = mutator.mutate(working.pod, request)
             _check_honest(mutator, result, working.settle())
             decisions.append(
@@ -248,22 +236,15 @@ class Engine:
     def _proof_problem(
         self, original: Pod, patch: list[Operation], intended: Pod, intended_json: bytes | None = None
     ) -> str | None:
+        """Why the patch must not be sent, or None: it does not make the intended Pod, or the Pod
+        it makes breaks a rule of the apiserver's the original kept."""
         try:
             patched = prove(original, patch, intended, intended_json)
         except PatchProofError as error:
             return str(error)
-        introduced = introduced_violations(original, intended)
-        # Placement fields (labels, tolerations, nodeSelector, node affinity) are written by the spot
-        # and PodMutation mutators: a patch must not break the apiserver's rules for them either.
-        # The patched Pod (proven equal to the intended one) shares every subtree the patch leaves
-        # alone with the original: the very same placement fields have the original's violations,
-        # so nothing to check when the patch touches none of them (a GPU patch never does).
-        if any(map(is_not, placement_fields(patched), placement_fields(original))):
-            placement = scheduling_violations(intended)
-            if placement:  # the original is walked only when the result has a violation at all
-                introduced |= placement - scheduling_violations(original)
-        if introduced:
-            return "the apiserver would reject the result: " + "; ".join(sorted(introduced))
+        rejected = introduced(original, patched)
+        if rejected:
+            return "the apiserver would reject the result: " + "; ".join(sorted(rejected))
         return None
 
     def internal_error(self, error: Exception, request: RequestContext) -> Decision:
@@ -284,72 +265,3 @@ def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> Non
         raise MutatorLied(f"{mutator.name} changed the Pod but reported {result.action.value}")
     if result.action is Action.mutated and not changed:
         raise MutatorLied(f"{mutator.name} reported mutated but changed nothing")
-
-
-class _Working:
-    """The engine's own copy of the Pod, which the mutators edit in place one after another, and
-    a record of its last accepted content, to tell what each mutator did.
-
-    The record is the Pod's ``exact_json`` bytes (orjson, in C, about 2 us): the same bytes after
-    a mutator mean it changed nothing, as JSON sees it (1, 1.0 and true are written differently,
-    which Python's == calls equal) nor even a key order. That replaces the deep copy per mutator
-    run (marshal, about 12 us) the engine compared with ==. When orjson cannot write the Pod (an
-    integer beyond 64 bits, a type JSON lacks), the record is a deep copy compared with ``same``.
-    """
-
-    __slots__ = ("_saved", "changed", "json", "pod")
-    pod: Pod
-    """The copy the mutators edit."""
-    json: bytes | None
-    """The record: ``exact_json`` of the last accepted content, or None (see ``_saved``)."""
-    _saved: Pod | None
-    """The record when orjson cannot write the Pod: a deep copy of the last accepted content."""
-    changed: bool
-    """Whether any mutator changed the Pod since the copy was made."""
-
-    def __init__(self, original: Pod) -> None:
-        self.changed = False
-        data = exact_json(original)
-        if data is not None:
-            copy = orjson.loads(data)
-            # orjson writes NaN and the infinities as null and a tuple as a list, which reads back
-            # as something else: the copy is used only when Python's == finds nothing of the kind.
-            if copy == original:
-                self.pod, self.json, self._saved = copy, data, None
-                return
-        self.pod = copy_json(original)  # marshal keeps every type, or refuses (an internal error)
-        self.json = None
-        self._saved = copy_json(original)
-
-    def settle(self) -> bool:
-        """Whether the mutator that just ran changed the Pod as JSON sees it. A change becomes the
-        record; anything else leaves no trace: a Pod equal as JSON but with its keys in another
-        order is put back as it was (the engine used to drop such a run's copy, and the order
-        decides the order of the patch's operations)."""
-        if self.json is not None:
-            after = exact_json(self.pod)
-            if after == self.json:
-                return False  # the common case: one serialization, no walk
-            if after is not None and len(after) != len(self.json):
-                # Other bytes of the same length may be the same members in another order; other
-                # lengths are a change (the usual one: a mutator adds, removes or renames).
-                self.json, self._saved, self.changed = after, None, True
-                return True
-            before = orjson.loads(self.json)
-        else:
-            after = None
-            before = self._saved
-        if same(before, self.pod):
-            self.pod = before
-            if self.json is None:
-                self._saved = copy_json(before)  # the record must not be the Pod mutators edit
-            return False
-        self.json = after
-        self._saved = None if after is not None else copy_json(self.pod)
-        self.changed = True
-        return True
-
-    def intended(self, original: Pod) -> tuple[Pod, bytes | None]:
-        """The intended Pod and its ``exact_json`` bytes (None when unknown): the original itself,
-        and None, when no mutator changed anything (no patch to build, nothing to prove)."""
-        return (self.pod, self.json) if self.changed else (original, None)

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from function.core.pod import Pod
 from function.core.pointer import escape, unescape
 
 Operation = dict[str, Any]
@@ -89,26 +90,16 @@ def diff(old: Any, new: Any, path: str = "") -> list[Operation]:
     return _diff(old, new, path, same)
 
 
-def quick_diff(old: Any, new: Any, path: str = "") -> list[Operation]:
-    """``diff`` that skips a subtree Python's == calls equal (and of the same type) without
-    looking inside: no serialization at all, so it costs only the walk down the changed paths.
-    Inside such a subtree, == cannot see a change between aliased scalars (1 to true, 1 to 1.0):
+def quick_changes(old: Any, new: Any) -> list[Operation]:
+    """``diff`` for two values the caller knows differ as JSON (the engine, once a mutator changed
+    the Pod), skipping each member Python's == calls equal (and of the same type) without looking
+    inside: no serialization at all, so it costs only the walk down the changed paths. The walk
+    starts at the members, without first comparing the wholes with ==, which would walk everything
+    before the first difference a second time (metadata, for a Pod).
+
+    Inside a skipped member, == cannot see a change between aliased scalars (1 to true, 1 to 1.0):
     the patch would miss it, and the proof, comparing canonical bytes, catches that; the engine
     then falls back to ``diff``. No mutator makes such a change."""
-    ops: list[Operation] = []
-    if not _loosely_same(old, new):
-        _quick_changes(old, new, path, ops)
-    return ops
-
-
-def quick_changes(old: Any, new: Any) -> list[Operation]:
-    """``quick_diff`` for two values the caller knows differ as JSON (the engine, once a mutator
-    changed the Pod): the walk starts at their members, without first comparing the wholes with ==,
-    which walks everything before the first difference a second time (metadata, for a Pod).
-
-    The one departure from ``quick_diff``: two values == calls equal as wholes give [] there, and
-    here the operations for their members of another type (``{"a": 1}`` to ``{"a": True}``
-    replaces ``/a``), which is what ``diff`` gives too."""
     ops: list[Operation] = []
     _quick_changes(old, new, "", ops)
     return ops
@@ -360,3 +351,73 @@ def prove(
     if not same(result, intended):
         raise PatchProofError("patched object differs from the intended one")
     return result
+
+
+class WorkingCopy:
+    """The engine's own copy of the Pod, which the mutators edit in place one after another, and
+    a record of its last accepted content, to tell what each mutator did.
+
+    One copy per review, not one per mutator run: a deep copy per run would be most of the
+    engine's cost. The record is the Pod's ``exact_json`` bytes: the same bytes after a mutator
+    mean it changed nothing, as JSON sees it (1, 1.0 and true are written differently, which
+    Python's == calls equal) nor even a key order, in one serialization rather than a walk. When
+    orjson cannot write the Pod (an integer beyond 64 bits, a type JSON lacks), the record is a
+    deep copy compared with ``same``.
+    """
+
+    __slots__ = ("_saved", "changed", "json", "pod")
+    pod: Pod
+    """The copy the mutators edit."""
+    json: bytes | None
+    """The record: ``exact_json`` of the last accepted content, or None (see ``_saved``)."""
+    _saved: Pod | None
+    """The record when orjson cannot write the Pod: a deep copy of the last accepted content."""
+    changed: bool
+    """Whether any mutator changed the Pod since the copy was made."""
+
+    def __init__(self, original: Pod) -> None:
+        self.changed = False
+        data = exact_json(original)
+        if data is not None:
+            copy = orjson.loads(data)
+            # orjson writes NaN and the infinities as null and a tuple as a list, which reads back
+            # as something else: the copy is used only when Python's == finds nothing of the kind.
+            if copy == original:
+                self.pod, self.json, self._saved = copy, data, None
+                return
+        self.pod = copy_json(original)  # marshal keeps every type, or refuses (an internal error)
+        self.json = None
+        self._saved = copy_json(original)
+
+    def settle(self) -> bool:
+        """Whether the mutator that just ran changed the Pod as JSON sees it. A change becomes the
+        record; anything else leaves no trace: a Pod equal as JSON but with its keys in another
+        order is put back as it was, since the key order decides the order of the patch's
+        operations."""
+        if self.json is not None:
+            after = exact_json(self.pod)
+            if after == self.json:
+                return False  # the common case: one serialization, no walk
+            if after is not None and len(after) != len(self.json):
+                # Other bytes of the same length may be the same members in another order; other
+                # lengths are a change (the usual one: a mutator adds, removes or renames).
+                self.json, self._saved, self.changed = after, None, True
+                return True
+            before = orjson.loads(self.json)
+        else:
+            after = None
+            before = self._saved
+        if same(before, self.pod):
+            self.pod = before
+            if self.json is None:
+                self._saved = copy_json(before)  # the record must not be the Pod mutators edit
+            return False
+        self.json = after
+        self._saved = None if after is not None else copy_json(self.pod)
+        self.changed = True
+        return True
+
+    def intended(self, original: Pod) -> tuple[Pod, bytes | None]:
+        """The intended Pod and its ``exact_json`` bytes (None when unknown): the original itself,
+        and None, when no mutator changed anything (no patch to build, nothing to prove)."""
+        return (self.pod, self.json) if self.changed else (original, None)

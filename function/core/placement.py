@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 # Re-exported: the mutators write the keys the view reads back; the view defines them once.
 from function.core.pod import Pod
+from function.core.rules import label_key_problem, label_value_problem
 from function.core.view import DECISION_ANNOTATION as DECISION_ANNOTATION
 from function.core.view import PLACEMENT_LABEL as PLACEMENT_LABEL
 
@@ -85,26 +85,6 @@ GKE: Final = LabelScheme("gke", "cloud.google.com/gke-spot", "true", tainted=Fal
 EKS: Final = LabelScheme("eks", "eks.amazonaws.com/capacityType", "SPOT", tainted=False)
 AKS: Final = LabelScheme("aks", "kubernetes.azure.com/scalesetpriority", "spot", tainted=True)
 BUILTIN_SCHEMES: Final[Mapping[str, LabelScheme]] = {s.name: s for s in (CASTAI, KARPENTER, GKE, EKS, AKS)}
-
-_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-
-
-def label_key_problem(key: str) -> str | None:
-    """Why ``key`` is not a valid Kubernetes label key, or None (apimachinery IsQualifiedName)."""
-    prefix, _, name = key.rpartition("/")
-    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return "the prefix must be a DNS subdomain of at most 253 characters"
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
-        return "the name must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
-    return None
-
-
-def label_value_problem(value: str) -> str | None:
-    """Why ``value`` is not a valid label value, or None (apimachinery IsValidLabelValue)."""
-    if len(value) > 63 or not _LABEL_NAME.match(value):
-        return "a label value is at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
-    return None
 
 
 def custom_scheme(key: str, spot_value: str, tainted: bool, label_only_on_spot: bool = False) -> LabelScheme:
@@ -398,99 +378,3 @@ def hash_split(key: str, percentage: int) -> Placement:
     bounded = min(max(percentage, 0), 100)
     bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 10_000
     return SPOT if bucket < bounded * 100 else ON_DEMAND
-
-
-# --- the apiserver's rules for what this module writes ----------------------------------------------
-
-
-def _requirement_problems(where: str, requirement: object) -> set[str]:
-    if not isinstance(requirement, dict):
-        return {f"{where}: must be a map"}
-    operator, values = requirement.get("operator"), requirement.get("values")
-    problems = set()
-    key = requirement.get("key")
-    if not isinstance(key, str) or label_key_problem(key):
-        problems.add(f"{where}: key {key!r} is not a valid label key")
-    if operator in ("In", "NotIn"):
-        if not isinstance(values, list) or not values:
-            problems.add(f"{where}: {operator} needs values")
-    elif operator in ("Exists", "DoesNotExist"):
-        if values:
-            problems.add(f"{where}: {operator} takes no values")
-    elif operator in ("Gt", "Lt"):
-        if not isinstance(values, list) or len(values) != 1:
-            problems.add(f"{where}: {operator} needs exactly one value")
-    else:
-        problems.add(f"{where}: operator {operator!r} is not valid")
-    return problems
-
-
-def placement_fields(pod: Pod) -> tuple[Any, Any, Any, Any, Any]:
-    """Everything ``scheduling_violations`` reads, and all it reads (None where absent): labels,
-    annotations, nodeSelector, tolerations and affinity. Two Pods holding the very same objects
-    there have the same violations, which spares the engine the check when a patch leaves them
-    all alone (the patched Pod shares every subtree the patch does not touch)."""
-    metadata = pod.get("metadata")
-    if isinstance(metadata, dict):
-        labels, annotations = metadata.get("labels"), metadata.get("annotations")
-    else:
-        labels = annotations = None
-    spec = _spec(pod)
-    if spec is None:
-        return labels, annotations, None, None, None
-    return labels, annotations, spec.get("nodeSelector"), spec.get("tolerations"), spec.get("affinity")
-
-
-def scheduling_violations(pod: Pod) -> set[str]:
-    """How the Pod's placement fields (labels, tolerations, nodeSelector, node affinity) break the
-    apiserver's validation (ValidatePod in k8s.io/kubernetes/pkg/apis/core/validation), as stable
-    strings; the engine's proof rejects a patch that introduces one."""
-    problems: set[str] = set()
-    labels, annotations, selector, tolerations, affinity = placement_fields(pod)
-    for key, value in labels.items() if isinstance(labels, dict) else ():
-        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
-            problems.add(f"metadata.labels[{key}]: not a valid label")
-    for key, value in annotations.items() if isinstance(annotations, dict) else ():
-        if not isinstance(value, str):
-            problems.add(f"metadata.annotations[{key}]: must be a string")
-    if selector is not None and not isinstance(selector, dict):
-        problems.add("spec.nodeSelector: must be a map")
-    for key, value in selector.items() if isinstance(selector, dict) else ():
-        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
-            problems.add(f"spec.nodeSelector[{key}]: not a valid label")
-    for index, toleration in enumerate(tolerations if isinstance(tolerations, list) else ()):
-        where = f"spec.tolerations[{index}]"
-        if not isinstance(toleration, dict):
-            problems.add(f"{where}: must be a map")
-            continue
-        operator = toleration.get("operator")  # absent or "" means Equal
-        if operator not in ("Equal", "Exists", None, ""):
-            problems.add(f"{where}: operator {operator!r} is not valid")
-        if operator == "Exists" and toleration.get("value"):
-            problems.add(f"{where}: Exists takes no value")
-        if not toleration.get("key") and operator != "Exists":
-            problems.add(f"{where}: an empty key needs operator Exists")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    if not isinstance(node_affinity, dict):
-        return problems
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is not None:
-        terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
-        if not isinstance(terms, list) or not terms:
-            problems.add("spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm")
-        for index, term in enumerate(terms if isinstance(terms, list) else ()):
-            expressions = term.get("matchExpressions") if isinstance(term, dict) else None
-            for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
-                where = f"spec.affinity.nodeAffinity.required.terms[{index}].matchExpressions[{number}]"
-                problems |= _requirement_problems(where, requirement)
-    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
-    for index, term in enumerate(preferred if isinstance(preferred, list) else ()):
-        where = f"spec.affinity.nodeAffinity.preferred[{index}]"
-        weight = term.get("weight") if isinstance(term, dict) else None
-        if not isinstance(weight, int) or not 1 <= weight <= 100:
-            problems.add(f"{where}: weight must be 1-100")
-        preference = term.get("preference") if isinstance(term, dict) else None
-        expressions = preference.get("matchExpressions") if isinstance(preference, dict) else None
-        for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
-            problems |= _requirement_problems(f"{where}.matchExpressions[{number}]", requirement)
-    return problems

@@ -1,22 +1,28 @@
-"""The apiserver's validation rules that a patch could break, as pure checks over a Pod dict.
+"""What the apiserver would reject in a Pod: every rule the engine's proof holds a patch to.
 
-The rules a patch from the GPU mutators could break, checked before any patch is sent
-(k8s.io/kubernetes/pkg/apis/core/validation, 1.37):
+A patch is sent only when the Pod it makes breaks no rule the original kept (``introduced``).
+The rules, from k8s.io/kubernetes/pkg/apis/core/validation (1.37), for what the mutators write:
 
-- extended resources (ValidateResourceRequirements): a whole number, a request needs an equal limit;
+- extended resources (ValidateResourceRequirements): a whole, non-negative number, a request
+  needs an equal limit; the GPU mutators write these;
 - resource claims (validatePodResourceClaim, validateResourceClaimNames): every Pod claim has a
   unique DNS-label name and exactly one of ``resourceClaimName`` and ``resourceClaimTemplateName``,
   a DNS subdomain; a container's ``resources.claims`` names only Pod claims, each once (a claim
   and one of its requests count as the same); ephemeral containers have no resources; a static
-  (mirror) Pod has no claims.
+  (mirror) Pod has no claims; GPU slicing's dra backend writes these;
+- placement fields (ValidatePod): label keys and values, annotation values, nodeSelector,
+  tolerations and node affinity requirements; the spot and PodMutation mutators write these.
+
+Pure checks over a Pod dict, as stable human-readable strings.
 """
 
 from __future__ import annotations
 
 import re
+from operator import is_not
 from typing import Any
 
-from function.core.pod import iter_containers
+from function.core.pod import Pod, iter_containers
 from function.core.quantity import QuantityError, parse_quantity
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -34,6 +40,28 @@ def is_dns_subdomain(value: object) -> bool:
     return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
 
 
+# -- labels ---------------------------------------------------------------------------------------
+_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a valid Kubernetes label key, or None (apimachinery IsQualifiedName)."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "the prefix must be a DNS subdomain of at most 253 characters"
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return "the name must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid label value, or None (apimachinery IsValidLabelValue)."""
+    if len(value) > 63 or not _LABEL_NAME.match(value):
+        return "a label value is at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+    return None
+
+
+# -- extended resources and resource claims --------------------------------------------------------
 def is_extended_resource(name: str) -> bool:
     """Mirrors v1helper.IsExtendedResourceName: prefixed, outside kubernetes.io, not quota syntax."""
     if "/" not in name or name.startswith("requests."):
@@ -168,12 +196,13 @@ def _is_mirror_pod(pod: dict[str, Any]) -> bool:
 
 
 def pod_violations(pod: dict[str, Any]) -> set[str]:
-    """Every rule of this module the Pod breaks."""
+    """Every resource rule the Pod breaks: extended resources and claims (placement fields:
+    ``scheduling_violations``)."""
     return extended_resource_violations(pod) | resource_claim_violations(pod)
 
 
 def introduced_violations(original: dict[str, Any], result: dict[str, Any]) -> set[str]:
-    """The violations ``result`` has and ``original`` has not, in containers the original kept
+    """The resource violations ``result`` has and ``original`` has not, in containers the original kept
     within the rules. A container the apiserver rejects already (say, ``limits: 1.0``, which no
     apiserver sends but a hostile client can) is not made any more rejectable by a mutation; a
     valid container is always held to every rule."""
@@ -183,3 +212,113 @@ def introduced_violations(original: dict[str, Any], result: dict[str, Any]) -> s
     before = pod_violations(original)
     broken = {problem.split(": ", 1)[0] for problem in before}
     return {problem for problem in after - before if problem.split(": ", 1)[0] not in broken}
+
+
+# -- placement fields -----------------------------------------------------------------------------
+def _requirement_problems(where: str, requirement: object) -> set[str]:
+    if not isinstance(requirement, dict):
+        return {f"{where}: must be a map"}
+    operator, values = requirement.get("operator"), requirement.get("values")
+    problems = set()
+    key = requirement.get("key")
+    if not isinstance(key, str) or label_key_problem(key):
+        problems.add(f"{where}: key {key!r} is not a valid label key")
+    if operator in ("In", "NotIn"):
+        if not isinstance(values, list) or not values:
+            problems.add(f"{where}: {operator} needs values")
+    elif operator in ("Exists", "DoesNotExist"):
+        if values:
+            problems.add(f"{where}: {operator} takes no values")
+    elif operator in ("Gt", "Lt"):
+        if not isinstance(values, list) or len(values) != 1:
+            problems.add(f"{where}: {operator} needs exactly one value")
+    else:
+        problems.add(f"{where}: operator {operator!r} is not valid")
+    return problems
+
+
+def placement_fields(pod: Pod) -> tuple[Any, Any, Any, Any, Any]:
+    """Everything ``scheduling_violations`` reads, and all it reads (None where absent): labels,
+    annotations, nodeSelector, tolerations and affinity. Two Pods holding the very same objects
+    there have the same violations, which spares the engine the check when a patch leaves them
+    all alone (the patched Pod shares every subtree the patch does not touch)."""
+    metadata = pod.get("metadata")
+    if isinstance(metadata, dict):
+        labels, annotations = metadata.get("labels"), metadata.get("annotations")
+    else:
+        labels = annotations = None
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return labels, annotations, None, None, None
+    return labels, annotations, spec.get("nodeSelector"), spec.get("tolerations"), spec.get("affinity")
+
+
+def scheduling_violations(pod: Pod) -> set[str]:
+    """How the Pod's placement fields (labels, tolerations, nodeSelector, node affinity) break the
+    apiserver's validation (ValidatePod in k8s.io/kubernetes/pkg/apis/core/validation), as stable
+    strings. The spot and PodMutation mutators write these fields."""
+    problems: set[str] = set()
+    labels, annotations, selector, tolerations, affinity = placement_fields(pod)
+    for key, value in labels.items() if isinstance(labels, dict) else ():
+        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
+            problems.add(f"metadata.labels[{key}]: not a valid label")
+    for key, value in annotations.items() if isinstance(annotations, dict) else ():
+        if not isinstance(value, str):
+            problems.add(f"metadata.annotations[{key}]: must be a string")
+    if selector is not None and not isinstance(selector, dict):
+        problems.add("spec.nodeSelector: must be a map")
+    for key, value in selector.items() if isinstance(selector, dict) else ():
+        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
+            problems.add(f"spec.nodeSelector[{key}]: not a valid label")
+    for index, toleration in enumerate(tolerations if isinstance(tolerations, list) else ()):
+        where = f"spec.tolerations[{index}]"
+        if not isinstance(toleration, dict):
+            problems.add(f"{where}: must be a map")
+            continue
+        operator = toleration.get("operator")  # absent or "" means Equal
+        if operator not in ("Equal", "Exists", None, ""):
+            problems.add(f"{where}: operator {operator!r} is not valid")
+        if operator == "Exists" and toleration.get("value"):
+            problems.add(f"{where}: Exists takes no value")
+        if not toleration.get("key") and operator != "Exists":
+            problems.add(f"{where}: an empty key needs operator Exists")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    if not isinstance(node_affinity, dict):
+        return problems
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+        if not isinstance(terms, list) or not terms:
+            problems.add("spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm")
+        for index, term in enumerate(terms if isinstance(terms, list) else ()):
+            expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+            for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
+                where = f"spec.affinity.nodeAffinity.required.terms[{index}].matchExpressions[{number}]"
+                problems |= _requirement_problems(where, requirement)
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for index, term in enumerate(preferred if isinstance(preferred, list) else ()):
+        where = f"spec.affinity.nodeAffinity.preferred[{index}]"
+        weight = term.get("weight") if isinstance(term, dict) else None
+        if not isinstance(weight, int) or not 1 <= weight <= 100:
+            problems.add(f"{where}: weight must be 1-100")
+        preference = term.get("preference") if isinstance(term, dict) else None
+        expressions = preference.get("matchExpressions") if isinstance(preference, dict) else None
+        for number, requirement in enumerate(expressions if isinstance(expressions, list) else ()):
+            problems |= _requirement_problems(f"{where}.matchExpressions[{number}]", requirement)
+    return problems
+
+
+# -- the proof's question -------------------------------------------------------------------------
+def introduced(original: Pod, patched: Pod) -> set[str]:
+    """Every rule above that ``patched`` breaks and ``original`` kept: what the proof refuses.
+
+    ``patched`` is the patch applied to the original (``json_patch.prove``), which shares every
+    subtree the patch leaves alone with it: when the very same placement fields are there, they
+    have the original's violations, so they are not walked (a GPU patch never touches them), and
+    the original is walked only when the result has a violation at all."""
+    found = introduced_violations(original, patched)
+    if any(map(is_not, placement_fields(patched), placement_fields(original))):
+        placement = scheduling_violations(patched)
+        if placement:
+            found |= placement - scheduling_violations(original)
+    return found

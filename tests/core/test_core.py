@@ -9,7 +9,6 @@ import pytest
 
 from function.core.config import Config, ConfigError, parse_config
 from function.core.engine import Engine, NotConverged
-from function.core.json_patch import PatchProofError, diff, prove, same
 from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.rules import extended_resource_violations, is_extended_resource
@@ -88,49 +87,6 @@ def test_valid_extended_resources_have_no_violations() -> None:
             {"limits": {"nvidia.com/gpu": "1", "cpu": "500m"}, "requests": {"nvidia.com/gpu": 1, "cpu": "1"}}
         )
     )
-
-
-# -- patches -----------------------------------------------------------------------------------
-
-
-def test_same_is_json_equality() -> None:
-    assert not same(1, True) and not same(1, 1.0) and not same({"a": 1}, {"a": True})
-    assert same({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]})
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ({"a": 1}, {"a": 2}),
-        ({"a": 1, "b": 2}, {"b": 2, "c": 3}),
-        ({"l": [1, 2]}, {"l": [1, 2, 3, 4]}),
-        ({"l": [1, 2, 3]}, {"l": [1]}),
-        ({"l": [1, 2, 3]}, {"l": [3, 2]}),
-        ({"l": [{"a": 1}]}, {"l": [{"a": 1, "b/c": 2}]}),
-        ({"a": {"b": 1}}, {"a": [1]}),
-        ({"x": 1}, {"x": True}),
-        ({"m~": {"k/": 1}}, {"m~": {}}),
-    ],
-)
-def test_diff_patches_apply_and_reach_the_target(old: Any, new: Any) -> None:
-    ops = diff(old, new)
-    prove(old, ops, new)
-    assert diff(new, new) == []
-
-
-def test_remove_comes_before_add_in_an_object() -> None:
-    ops = diff({"r": {"nvidia.com/gpu": "1"}}, {"r": {"nvidia.com/gpu-shared": "2"}})
-    assert ops == [
-        {"op": "remove", "path": "/r/nvidia.com~1gpu"},
-        {"op": "add", "path": "/r/nvidia.com~1gpu-shared", "value": "2"},
-    ]
-
-
-def test_proof_rejects_a_patch_that_does_not_apply_or_misses() -> None:
-    with pytest.raises(PatchProofError, match="does not apply"):
-        prove({"a": 1}, [{"op": "remove", "path": "/b"}], {})
-    with pytest.raises(PatchProofError, match="differs"):
-        prove({"a": 1}, [{"op": "replace", "path": "/a", "value": 2}], {"a": 3})
 
 
 # -- configuration ------------------------------------------------------------------------------

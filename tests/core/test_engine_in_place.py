@@ -1,33 +1,17 @@
 """The engine's one copy per review: mutators edit it in place, what each did is told by exact JSON
-bytes, and the original is never touched; plus the patch helpers the engine's speed rests on
-(quick_changes, apply_patch's parent cache, prove with the intended bytes)."""
+bytes, and the original is never touched (the copy itself: tests/core/test_json_patch.py)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
-import jsonpatch
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from function.core.config import Config
-from function.core.engine import Engine, MutatorLied, NotConverged, _Working
-from function.core.json_patch import (
-    PatchProofError,
-    apply_patch,
-    diff,
-    exact_json,
-    prove,
-    quick_changes,
-    quick_diff,
-    same,
-)
+from function.core.engine import Engine, MutatorLied, NotConverged
 from function.core.mutators.base import Action, MutatorResult, RequestContext
-from function.core.placement import placement_fields
 
 REQUEST = RequestContext(uid="u1", namespace="default")
 
@@ -278,15 +262,6 @@ def test_mutators_never_receive_the_original_and_it_never_changes() -> None:
 
 
 # -- the copy and its record ---------------------------------------------------------------------
-def test_the_copy_equals_the_original_exactly_and_shares_nothing_mutable() -> None:
-    original = pod()
-    working = _Working(original)
-    assert exact(working.pod) == exact(original)
-    assert (
-        working.pod is not original
-        and working.pod["spec"]["containers"] is not original["spec"]["containers"]
-    )
-    assert working.json == exact_json(original)
 
 
 @pytest.mark.parametrize(
@@ -348,20 +323,6 @@ def test_a_mutator_writing_what_orjson_cannot_is_a_change_and_later_ones_are_sti
     assert [d.action for d in decisions] == [Action.mutated, Action.mutated]
     assert intended["spec"]["big"] == 2**70 and intended["metadata"]["annotations"]["added"] == "yes"
     assert "big" not in original["spec"]
-
-
-def test_settle_keeps_the_record_in_step_with_the_pod() -> None:
-    working = _Working(pod())
-    assert working.settle() is False
-    working.pod["metadata"]["annotations"]["y"] = "2"
-    assert working.settle() is True
-    assert working.json == exact_json(working.pod)
-    assert working.settle() is False  # the change became the record
-    working.pod["metadata"]["annotations"]["y"] = "3"  # same length
-    assert working.settle() is True and working.json == exact_json(working.pod)
-    reorder_metadata(working.pod)
-    assert working.settle() is False
-    assert working.json == exact_json(working.pod)  # put back exactly as recorded
 
 
 # -- shadow mutators ---------------------------------------------------------------------------
@@ -444,190 +405,3 @@ def test_placement_violations_the_original_has_already_are_not_blamed_on_the_pat
         )
     ).decide(original, REQUEST)
     assert decision.outcome == "mutated", decision.reason
-
-
-def test_placement_fields_are_what_scheduling_violations_reads() -> None:
-    full = pod()
-    full["spec"].update(nodeSelector={"n": "1"}, tolerations=[], affinity={})
-    fields = placement_fields(full)
-    assert fields == ({"app": "a"}, {"x": "1"}, {"n": "1"}, [], {})
-    assert fields[0] is full["metadata"]["labels"] and fields[4] is full["spec"]["affinity"]
-    assert placement_fields({"metadata": "x", "spec": []}) == (None, None, None, None, None)
-    assert placement_fields({"spec": {"tolerations": [1]}}) == (None, None, None, [1], None)
-
-
-# -- prove with the intended bytes ----------------------------------------------------------------
-def test_prove_with_the_intended_bytes() -> None:
-    original = {"a": {"b": 1}, "c": {"d": 1}}
-    intended = {"a": {"b": 2}, "c": {"d": 1}}
-    patch = [{"op": "replace", "path": "/a/b", "value": 2}]
-    result = prove(original, patch, intended, exact_json(intended))
-    assert result == intended and result["c"] is original["c"]
-    # bytes of another key order: the proof falls back to JSON equality and still passes
-    reordered = {"c": {"d": 1}, "a": {"b": 2}}
-    assert prove(original, patch, reordered, exact_json(reordered)) == intended
-    # wrong bytes never prove a wrong patch
-    with pytest.raises(PatchProofError, match="differs"):
-        prove(original, [{"op": "replace", "path": "/a/b", "value": 3}], intended, exact_json(intended))
-    with pytest.raises(PatchProofError, match="differs"):
-        prove(
-            original,
-            [{"op": "replace", "path": "/a/b", "value": True}],
-            {"a": {"b": 1}, "c": {"d": 1}},
-            exact_json({"a": {"b": 1}, "c": {"d": 1}}),
-        )
-
-
-def test_exact_json_refuses_what_it_cannot_write_as_is() -> None:
-    assert exact_json({"b": 1, "a": [True, 1.0, None]}) == b'{"b":1,"a":[true,1.0,null]}'
-    for odd in (2**64, "\ud800", {1: 2}, {"a": str.__new__(type("S", (str,), {}), "x")}):
-        assert exact_json(odd) is None
-
-
-# -- quick_changes and quick_diff against diff ---------------------------------------------------
-plain_values = st.recursive(
-    st.none() | st.integers(-2, 2) | st.text("ab~/", max_size=2),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text("ab~/", max_size=2), inner, max_size=3)
-    ),
-    max_leaves=10,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(old=plain_values, new=plain_values)
-def test_quick_diff_and_quick_changes_agree_with_diff_without_aliased_scalars(old: Any, new: Any) -> None:
-    """Without 1/true/1.0 aliases, == and JSON agree: the quick walks must give diff's operations."""
-    expected = diff({"r": old}, {"r": new})
-    assert quick_diff({"r": old}, {"r": new}) == expected
-    assert quick_changes({"r": old}, {"r": new}) == expected
-    assert quick_diff(old, new, "/r") == diff(old, new, "/r")
-
-
-def test_quick_changes_sees_a_member_of_another_type_that_quick_diff_skips() -> None:
-    assert quick_diff({"a": 1}, {"a": True}) == []
-    assert quick_changes({"a": 1}, {"a": True}) == [{"op": "replace", "path": "/a", "value": True}]
-    assert quick_changes({"a": 1}, {"a": 1}) == []
-
-
-def test_quick_changes_orders_removes_changes_adds() -> None:
-    old = {"x": 1, "keep": {"v": 1}, "gone/": 2}
-    new = {"new~": {"n": [1]}, "keep": {"v": 2}, "x": 1}
-    assert quick_changes(old, new) == [
-        {"op": "remove", "path": "/gone~1"},
-        {"op": "replace", "path": "/keep/v", "value": 2},
-        {"op": "add", "path": "/new~0", "value": {"n": [1]}},
-    ]
-    assert quick_changes(old, new)[2]["value"] is not new["new~"]  # values are copies
-    assert quick_changes({"l": [1, 2]}, {"l": [1, 2, 3]}) == [{"op": "add", "path": "/l/2", "value": 3}]
-    assert quick_changes({"l": [1, 2, 3]}, {"l": [1]}) == [
-        {"op": "remove", "path": "/l/2"},
-        {"op": "remove", "path": "/l/1"},
-    ]
-    assert quick_changes({"l": [1, 2]}, {"l": [2]}) == [{"op": "replace", "path": "/l", "value": [2]}]
-    assert quick_changes({"l": [{"a": 1}]}, {"l": [{"a": 2}]}) == [
-        {"op": "replace", "path": "/l/0/a", "value": 2}
-    ]
-
-
-# -- apply_patch: remembered parents stay true ------------------------------------------------------
-def jsonpatch_result(document: Any, patch: list[Any]) -> Any:
-    try:
-        return jsonpatch.JsonPatch(copy.deepcopy(patch)).apply(document, in_place=False)
-    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError, TypeError):
-        return PatchProofError
-
-
-def ours(document: Any, patch: list[Any]) -> Any:
-    try:
-        return apply_patch(document, copy.deepcopy(patch))
-    except PatchProofError:
-        return PatchProofError
-
-
-@pytest.mark.parametrize(
-    "patch",
-    [
-        # a remembered parent under a list that shifted must not be reused
-        [
-            {"op": "add", "path": "/l/1/x", "value": 1},
-            {"op": "remove", "path": "/l/0"},
-            {"op": "add", "path": "/l/1/y", "value": 2},
-        ],
-        [
-            {"op": "add", "path": "/l/0/x", "value": 1},
-            {"op": "add", "path": "/l/0", "value": {"new": True}},
-            {"op": "add", "path": "/l/0/y", "value": 2},
-        ],
-        # the trail to a sibling must not survive a replaced ancestor, the document included
-        [
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "replace", "path": "", "value": {"m": {"a": {}}}},
-            {"op": "add", "path": "/m/a/z", "value": 3},
-        ],
-        [
-            {"op": "add", "path": "/m/k", "value": 1},
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "replace", "path": "/m/a", "value": {"b": {}}},
-            {"op": "add", "path": "/m/a/z", "value": 3},
-        ],
-        [
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "replace", "path": "/m", "value": {"a": {}, "b": {}}},
-            {"op": "add", "path": "/m/b/y", "value": 2},
-            {"op": "add", "path": "/m/a/z", "value": 3},
-        ],
-        [
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "add", "path": "/m/b/y", "value": 2},
-            {"op": "remove", "path": "/m/a/k"},
-            {"op": "add", "path": "/m/a/w", "value": 4},
-        ],
-        [
-            {"op": "add", "path": "/l/1/x", "value": 1},
-            {"op": "replace", "path": "/l/1", "value": {"r": 1}},
-            {"op": "add", "path": "/l/1/y", "value": 2},
-        ],
-        [
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "add", "path": "/m/a", "value": {"fresh": 1}},
-            {"op": "add", "path": "/m/a/y", "value": 2},
-        ],
-        [
-            {"op": "add", "path": "/m/a/x", "value": 1},
-            {"op": "remove", "path": "/m"},
-            {"op": "add", "path": "/m/a/y", "value": 2},
-        ],
-    ],
-)
-def test_apply_patch_matches_jsonpatch_when_parents_move_or_go(patch: list[Any]) -> None:
-    document = {"l": [{"a": 0}, {"a": 1}], "m": {"a": {"k": 1}, "b": {}}}
-    before = exact(document)
-    assert same(ours(document, patch), jsonpatch_result(document, patch)) or ours(
-        document, patch
-    ) == jsonpatch_result(document, patch)
-    assert exact(document) == before
-
-
-paths = st.lists(st.sampled_from(["l", "m", "0", "1", "2", "a", "b", "-"]), min_size=1, max_size=3).map(
-    lambda tokens: "/" + "/".join(tokens)
-)
-operations = st.builds(
-    lambda op, path, value: {"op": op, "path": path, "value": value},
-    st.sampled_from(["add", "remove", "replace"]),
-    paths,
-    st.sampled_from([1, "v", {}, {"a": 1}, [], [0]]),
-)
-
-
-@settings(max_examples=400, deadline=None)
-@given(patch=st.lists(operations, max_size=6))
-def test_apply_patch_matches_jsonpatch_on_any_patch(patch: list[Any]) -> None:
-    document = {"l": [{"a": 0}, {"a": 1}, [2]], "m": {"a": {"b": 1}, "b": [1]}}
-    before = exact(document)
-    mine, theirs = ours(document, patch), jsonpatch_result(document, patch)
-    if theirs is PatchProofError or mine is PatchProofError:
-        assert mine is theirs
-    else:
-        assert same(mine, theirs)
-    assert exact(document) == before

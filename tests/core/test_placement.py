@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from function.core import placement as p
+from function.core import rules
 
 SPOT_TOLERATION = {"key": "scheduling.cast.ai/spot", "operator": "Exists"}
 
@@ -239,7 +240,7 @@ def test_scheduling_violations_catch_what_the_apiserver_rejects() -> None:
     for mode in ("preferred-spot",):
         p.apply_spot_mode(good, mode, p.KARPENTER)
     p.and_into_required_node_affinity(good, p.KARPENTER.not_spot_expression)
-    assert p.scheduling_violations(good) == set()
+    assert rules.scheduling_violations(good) == set()
     bad = pod(
         tolerations=[
             {"operator": "Exists", "value": "x"},
@@ -268,16 +269,16 @@ def test_scheduling_violations_catch_what_the_apiserver_rejects() -> None:
         },
     )
     bad["metadata"].update(labels={"a": 1}, annotations={"b": 2})
-    assert len(p.scheduling_violations(bad)) == 14
+    assert len(rules.scheduling_violations(bad)) == 14
     empty_terms = pod(
         affinity={
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
         }
     )
-    assert p.scheduling_violations(empty_terms) == {
+    assert rules.scheduling_violations(empty_terms) == {
         "spec.affinity.nodeAffinity.required: needs at least one nodeSelectorTerm"
     }
-    assert p.scheduling_violations(pod(nodeSelector="x")) == {"spec.nodeSelector: must be a map"}
+    assert rules.scheduling_violations(pod(nodeSelector="x")) == {"spec.nodeSelector: must be a map"}
 
 
 def test_anded_terms_share_no_lists() -> None:

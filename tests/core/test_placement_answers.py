@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from function.core import placement as p
+from function.core import rules
 
 CASTAI_KEY = "scheduling.cast.ai/spot"
 REQUIRED = "spec.affinity.nodeAffinity.required.terms"
@@ -21,7 +22,7 @@ def pod(**spec: Any) -> dict[str, Any]:
 
 
 def violations(**spec: Any) -> set[str]:
-    return p.scheduling_violations(pod(**spec))
+    return rules.scheduling_violations(pod(**spec))
 
 
 def required(*expressions: object) -> dict[str, Any]:
@@ -61,7 +62,7 @@ VALUE_PROBLEM = "a label value is at most 63 alphanumerics, '-', '_' or '.', sta
     ],
 )
 def test_label_key_problem_at_its_limits(key: str, problem: str | None) -> None:
-    assert p.label_key_problem(key) == problem
+    assert rules.label_key_problem(key) == problem
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_label_key_problem_at_its_limits(key: str, problem: str | None) -> None:
     [("v" * 63, None), ("", None), ("v" * 64, VALUE_PROBLEM), ("a b", VALUE_PROBLEM)],
 )
 def test_label_value_problem_at_its_limits(value: str, problem: str | None) -> None:
-    assert p.label_value_problem(value) == problem
+    assert rules.label_value_problem(value) == problem
 
 
 def test_custom_scheme_is_what_was_asked_and_not_label_only_by_default() -> None:

@@ -340,7 +340,8 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
 ) -> None:
     from function.core.json_patch import copy_json, diff, prove
     from function.core.mutators.spot import LedgerEntry, Spot, SpotConfig
-    from function.core.placement import placement_of, scheduling_violations
+    from function.core.placement import placement_of
+    from function.core.rules import scheduling_violations
     from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
 
     config = SpotConfig(

@@ -51,7 +51,6 @@ from function.core.placement import (
     apply_spot_mode,
     custom_scheme,
     hash_split,
-    label_key_problem,
     partial_split,
     placement_mode,
     placement_of,
@@ -59,6 +58,7 @@ from function.core.placement import (
 )
 from function.core.pod import NO_OWNER, Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
 from function.core.podmutation.apply import marked_by
+from function.core.rules import label_key_problem
 from function.core.view import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec
 
 LIFECYCLE = "scheduling.cast.ai/lifecycle"

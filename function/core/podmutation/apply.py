@@ -26,11 +26,11 @@ from function.core.placement import (
     SiblingCounts,
     apply_spot_mode,
     partial_split,
-    scheduling_violations,
 )
 from function.core.podmutation.compiled import CompiledMutation, Group
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
 from function.core.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
+from function.core.rules import scheduling_violations
 from function.core.view import MUTATION_GROUP_ANNOTATION
 
 MARK_ANNOTATION = "castops.io/pod-mutation"
@@ -164,7 +164,7 @@ def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) 
 
 def pod_shape_problem(pod: Any, before: Any = None) -> str | None:
     """What the apiserver would refuse in the Pod's placement fields (labels, annotations,
-    nodeSelector, tolerations, node affinity: ``placement.scheduling_violations``) that ``before``
+    nodeSelector, tolerations, node affinity: ``rules.scheduling_violations``) that ``before``
     did not already have, or None. Not a full Pod validation: a check that keeps the usual patch
     mistakes from turning into a patch the engine must withhold."""
     if (

@@ -1,0 +1,345 @@
+"""The JSON Patch module the proof rests on: the diff that builds a patch, apply_patch (RFC 6902's
+add, remove and replace, as the apiserver applies them; checked against jsonpatch), the proof
+that the patch makes exactly the intended Pod, and the working copy the engine's mutators edit."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from function.core.json_patch import (
+    PatchProofError,
+    WorkingCopy,
+    apply_patch,
+    canonical,
+    diff,
+    exact_json,
+    prove,
+    quick_changes,
+    same,
+)
+
+
+def pod() -> dict[str, Any]:
+    """A fresh Pod each time (no test can leak into another through a shared one)."""
+    return {
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "a"}, "annotations": {"x": "1"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}], "priority": 1},
+    }
+
+
+def exact(value: Any) -> tuple[bytes, str]:
+    """What must not change about a value: its JSON with key order, and its types (repr)."""
+    return orjson.dumps(value), repr(value)
+
+
+def reorder_metadata(pod: dict[str, Any]) -> None:
+    metadata = pod["metadata"]
+    items = list(metadata.items())
+    metadata.clear()
+    metadata.update(reversed(items))
+
+
+# -- JSON equality and the diff ------------------------------------------------------------------
+
+
+def test_same_is_json_equality() -> None:
+    assert not same(1, True) and not same(1, 1.0) and not same({"a": 1}, {"a": True})
+    assert same({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]})
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"a": 1}, {"a": 2}),
+        ({"a": 1, "b": 2}, {"b": 2, "c": 3}),
+        ({"l": [1, 2]}, {"l": [1, 2, 3, 4]}),
+        ({"l": [1, 2, 3]}, {"l": [1]}),
+        ({"l": [1, 2, 3]}, {"l": [3, 2]}),
+        ({"l": [{"a": 1}]}, {"l": [{"a": 1, "b/c": 2}]}),
+        ({"a": {"b": 1}}, {"a": [1]}),
+        ({"x": 1}, {"x": True}),
+        ({"m~": {"k/": 1}}, {"m~": {}}),
+    ],
+)
+def test_diff_patches_apply_and_reach_the_target(old: Any, new: Any) -> None:
+    ops = diff(old, new)
+    prove(old, ops, new)
+    assert diff(new, new) == []
+
+
+def test_remove_comes_before_add_in_an_object() -> None:
+    ops = diff({"r": {"nvidia.com/gpu": "1"}}, {"r": {"nvidia.com/gpu-shared": "2"}})
+    assert ops == [
+        {"op": "remove", "path": "/r/nvidia.com~1gpu"},
+        {"op": "add", "path": "/r/nvidia.com~1gpu-shared", "value": "2"},
+    ]
+
+
+def test_proof_rejects_a_patch_that_does_not_apply_or_misses() -> None:
+    with pytest.raises(PatchProofError, match="does not apply"):
+        prove({"a": 1}, [{"op": "remove", "path": "/b"}], {})
+    with pytest.raises(PatchProofError, match="differs"):
+        prove({"a": 1}, [{"op": "replace", "path": "/a", "value": 2}], {"a": 3})
+
+
+# -- apply_patch and prove -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        {"op": "move", "from": "/a", "path": "/b"},
+        {"op": "copy", "from": "/a", "path": "/b"},
+        {"op": "test", "path": "/a", "value": 1},
+        {"op": "add", "path": 5, "value": 1},
+        {"path": "/a", "value": 1},
+    ],
+)
+def test_apply_patch_refuses_operations_it_does_not_support(operation: dict[str, Any]) -> None:
+    document = {"a": 1}
+    with pytest.raises(PatchProofError, match="unsupported operation"):
+        apply_patch(document, [operation])
+    assert document == {"a": 1}
+
+
+def test_apply_patch_refuses_to_remove_the_whole_document_but_replaces_it() -> None:
+    with pytest.raises(PatchProofError, match=r"^cannot remove the whole document$"):
+        apply_patch({"a": 1}, [{"op": "remove", "path": ""}])
+    assert apply_patch({"a": 1}, [{"op": "replace", "path": "", "value": {"b": 2}}]) == {"b": 2}
+
+
+def test_apply_patch_names_the_path_it_cannot_follow() -> None:
+    with pytest.raises(PatchProofError, match=r"^path 'a/b' does not start with /$"):
+        apply_patch({"a": {}}, [{"op": "add", "path": "a/b", "value": 1}])
+    with pytest.raises(PatchProofError, match=r"^path '/x/y/z' does not exist$"):
+        apply_patch({"a": {}}, [{"op": "add", "path": "/x/y/z", "value": 1}])
+
+
+def test_prove_without_intended_bytes_still_compares_a_result_orjson_cannot_write() -> None:
+    # A result beyond 64 bits has no exact_json bytes; it must still be compared with the intended.
+    original: dict[str, Any] = {"a": 2**70}
+    with pytest.raises(PatchProofError, match=r"^patched object differs from the intended one$"):
+        prove(original, [{"op": "add", "path": "/b", "value": 1}], {"a": 2**70, "b": 2})
+    assert prove(original, [{"op": "add", "path": "/b", "value": 1}], {"a": 2**70, "b": 1}) == {
+        "a": 2**70,
+        "b": 1,
+    }
+
+
+def test_canonical_sorts_keys_and_keeps_json_types_apart() -> None:
+    assert canonical({"b": 1, "a": True}) == b'{"a":true,"b":1}'
+    assert canonical({"a": 1}) != canonical({"a": 1.0}) != canonical({"a": True})
+
+
+def test_prove_with_the_intended_bytes() -> None:
+    original = {"a": {"b": 1}, "c": {"d": 1}}
+    intended = {"a": {"b": 2}, "c": {"d": 1}}
+    patch = [{"op": "replace", "path": "/a/b", "value": 2}]
+    result = prove(original, patch, intended, exact_json(intended))
+    assert result == intended and result["c"] is original["c"]
+    # bytes of another key order: the proof falls back to JSON equality and still passes
+    reordered = {"c": {"d": 1}, "a": {"b": 2}}
+    assert prove(original, patch, reordered, exact_json(reordered)) == intended
+    # wrong bytes never prove a wrong patch
+    with pytest.raises(PatchProofError, match="differs"):
+        prove(original, [{"op": "replace", "path": "/a/b", "value": 3}], intended, exact_json(intended))
+    with pytest.raises(PatchProofError, match="differs"):
+        prove(
+            original,
+            [{"op": "replace", "path": "/a/b", "value": True}],
+            {"a": {"b": 1}, "c": {"d": 1}},
+            exact_json({"a": {"b": 1}, "c": {"d": 1}}),
+        )
+
+
+def test_exact_json_refuses_what_it_cannot_write_as_is() -> None:
+    assert exact_json({"b": 1, "a": [True, 1.0, None]}) == b'{"b":1,"a":[true,1.0,null]}'
+    for odd in (2**64, "\ud800", {1: 2}, {"a": str.__new__(type("S", (str,), {}), "x")}):
+        assert exact_json(odd) is None
+
+
+# -- quick_changes against diff ------------------------------------------------------------------
+
+
+plain_values = st.recursive(
+    st.none() | st.integers(-2, 2) | st.text("ab~/", max_size=2),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text("ab~/", max_size=2), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=plain_values, new=plain_values)
+def test_quick_changes_agrees_with_diff_without_aliased_scalars(old: Any, new: Any) -> None:
+    """Without 1/true/1.0 aliases, == and JSON agree: the quick walk must give diff's operations."""
+    assert quick_changes({"r": old}, {"r": new}) == diff({"r": old}, {"r": new})
+
+
+def test_quick_changes_sees_a_member_of_another_type() -> None:
+    assert quick_changes({"a": 1}, {"a": True}) == [{"op": "replace", "path": "/a", "value": True}]
+    assert quick_changes({"a": 1}, {"a": 1}) == []
+
+
+def test_quick_changes_orders_removes_changes_adds() -> None:
+    old = {"x": 1, "keep": {"v": 1}, "gone/": 2}
+    new = {"new~": {"n": [1]}, "keep": {"v": 2}, "x": 1}
+    assert quick_changes(old, new) == [
+        {"op": "remove", "path": "/gone~1"},
+        {"op": "replace", "path": "/keep/v", "value": 2},
+        {"op": "add", "path": "/new~0", "value": {"n": [1]}},
+    ]
+    assert quick_changes(old, new)[2]["value"] is not new["new~"]  # values are copies
+    assert quick_changes({"l": [1, 2]}, {"l": [1, 2, 3]}) == [{"op": "add", "path": "/l/2", "value": 3}]
+    assert quick_changes({"l": [1, 2, 3]}, {"l": [1]}) == [
+        {"op": "remove", "path": "/l/2"},
+        {"op": "remove", "path": "/l/1"},
+    ]
+    assert quick_changes({"l": [1, 2]}, {"l": [2]}) == [{"op": "replace", "path": "/l", "value": [2]}]
+    assert quick_changes({"l": [{"a": 1}]}, {"l": [{"a": 2}]}) == [
+        {"op": "replace", "path": "/l/0/a", "value": 2}
+    ]
+
+
+# -- apply_patch against jsonpatch: remembered parents stay true ----------------------------------
+
+
+def jsonpatch_result(document: Any, patch: list[Any]) -> Any:
+    try:
+        return jsonpatch.JsonPatch(copy.deepcopy(patch)).apply(document, in_place=False)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError, TypeError):
+        return PatchProofError
+
+
+def ours(document: Any, patch: list[Any]) -> Any:
+    try:
+        return apply_patch(document, copy.deepcopy(patch))
+    except PatchProofError:
+        return PatchProofError
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        # a remembered parent under a list that shifted must not be reused
+        [
+            {"op": "add", "path": "/l/1/x", "value": 1},
+            {"op": "remove", "path": "/l/0"},
+            {"op": "add", "path": "/l/1/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/l/0/x", "value": 1},
+            {"op": "add", "path": "/l/0", "value": {"new": True}},
+            {"op": "add", "path": "/l/0/y", "value": 2},
+        ],
+        # the trail to a sibling must not survive a replaced ancestor, the document included
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "", "value": {"m": {"a": {}}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/k", "value": 1},
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "/m/a", "value": {"b": {}}},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "replace", "path": "/m", "value": {"a": {}, "b": {}}},
+            {"op": "add", "path": "/m/b/y", "value": 2},
+            {"op": "add", "path": "/m/a/z", "value": 3},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "add", "path": "/m/b/y", "value": 2},
+            {"op": "remove", "path": "/m/a/k"},
+            {"op": "add", "path": "/m/a/w", "value": 4},
+        ],
+        [
+            {"op": "add", "path": "/l/1/x", "value": 1},
+            {"op": "replace", "path": "/l/1", "value": {"r": 1}},
+            {"op": "add", "path": "/l/1/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "add", "path": "/m/a", "value": {"fresh": 1}},
+            {"op": "add", "path": "/m/a/y", "value": 2},
+        ],
+        [
+            {"op": "add", "path": "/m/a/x", "value": 1},
+            {"op": "remove", "path": "/m"},
+            {"op": "add", "path": "/m/a/y", "value": 2},
+        ],
+    ],
+)
+def test_apply_patch_matches_jsonpatch_when_parents_move_or_go(patch: list[Any]) -> None:
+    document = {"l": [{"a": 0}, {"a": 1}], "m": {"a": {"k": 1}, "b": {}}}
+    before = exact(document)
+    assert same(ours(document, patch), jsonpatch_result(document, patch)) or ours(
+        document, patch
+    ) == jsonpatch_result(document, patch)
+    assert exact(document) == before
+
+
+paths = st.lists(st.sampled_from(["l", "m", "0", "1", "2", "a", "b", "-"]), min_size=1, max_size=3).map(
+    lambda tokens: "/" + "/".join(tokens)
+)
+
+
+operations = st.builds(
+    lambda op, path, value: {"op": op, "path": path, "value": value},
+    st.sampled_from(["add", "remove", "replace"]),
+    paths,
+    st.sampled_from([1, "v", {}, {"a": 1}, [], [0]]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(patch=st.lists(operations, max_size=6))
+def test_apply_patch_matches_jsonpatch_on_any_patch(patch: list[Any]) -> None:
+    document = {"l": [{"a": 0}, {"a": 1}, [2]], "m": {"a": {"b": 1}, "b": [1]}}
+    before = exact(document)
+    mine, theirs = ours(document, patch), jsonpatch_result(document, patch)
+    if theirs is PatchProofError or mine is PatchProofError:
+        assert mine is theirs
+    else:
+        assert same(mine, theirs)
+    assert exact(document) == before
+
+
+# -- the working copy -----------------------------------------------------------------------------
+
+
+def test_the_copy_equals_the_original_exactly_and_shares_nothing_mutable() -> None:
+    original = pod()
+    working = WorkingCopy(original)
+    assert exact(working.pod) == exact(original)
+    assert (
+        working.pod is not original
+        and working.pod["spec"]["containers"] is not original["spec"]["containers"]
+    )
+    assert working.json == exact_json(original)
+
+
+def test_settle_keeps_the_record_in_step_with_the_pod() -> None:
+    working = WorkingCopy(pod())
+    assert working.settle() is False
+    working.pod["metadata"]["annotations"]["y"] = "2"
+    assert working.settle() is True
+    assert working.json == exact_json(working.pod)
+    assert working.settle() is False  # the change became the record
+    working.pod["metadata"]["annotations"]["y"] = "3"  # same length
+    assert working.settle() is True and working.json == exact_json(working.pod)
+    reorder_metadata(working.pod)
+    assert working.settle() is False
+    assert working.json == exact_json(working.pod)  # put back exactly as recorded
