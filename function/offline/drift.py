@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
@@ -21,7 +20,8 @@ from function.contract import EXIT_BAD_INPUT
 from function.core.config import Config, ConfigError, watches_for
 from function.core.drift import Finding, Tally, findings, opted_out_namespaces
 from function.core.engine import Engine
-from function.core.view import PODS, REPLICASETS, Record, StaticView, WatchSpec, merge_specs
+from function.core.view import PODS, REPLICASETS
+from function.offline import state_file
 
 EXIT_CLEAN = 0
 EXIT_DRIFT = 1
@@ -43,7 +43,7 @@ def report(
 ) -> tuple[list[Finding], Tally]:
     """The findings over the objects of a state file (only ``namespace``'s Pods when given)."""
     objects = list(objects)
-    view = _state_view(objects, watches_for(config) or (PODS, REPLICASETS))
+    view = state_file.view_of(objects, watches_for(config) or (PODS, REPLICASETS))
     pods = [
         obj
         for obj in objects
@@ -54,19 +54,6 @@ def report(
     tally = Tally()
     found = list(findings(Engine(config), pods, view, tally, opted_out))
     return found, tally
-
-
-def _state_view(objects: list[Mapping[str, Any]], specs: tuple[WatchSpec, ...]) -> StaticView:
-    """The view the watches would keep of the state's objects (as ``load_state`` builds it)."""
-    specs = merge_specs(specs)
-    loaded: dict[str, dict[str, Record]] = {spec.index: {} for spec in specs}
-    for obj in objects:
-        for spec in specs:
-            if spec.matches(obj):
-                key, record = spec.key(obj), spec.slim(obj)
-                if key and record is not None:
-                    loaded[spec.index][key] = record
-    return StaticView(loaded, specs)
 
 
 def _owner(finding: Finding) -> str:
@@ -110,40 +97,12 @@ def exit_code(tally: Tally) -> int:
 
 def read_objects(path: str) -> list[Mapping[str, Any]]:
     """Every object of a state file (``-`` for stdin), the items of its Lists in order."""
-    from function.offline.state_file import StateFileError
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-        documents = list(yaml.safe_load_all(text))
-    except (OSError, UnicodeDecodeError) as error:
-        raise StateFileError(f"cluster state {path}: cannot read it: {error}") from error
-    except yaml.YAMLError as error:
-        raise StateFileError(f"cluster state {path}: not YAML: {error}") from error
-    objects: list[Mapping[str, Any]] = []
-    for number, document in enumerate(documents):
-        pending = [(document, f"cluster state {path}, document {number}")]
-        while pending:
-            item, where = pending.pop(0)
-            if item is None:
-                continue
-            if not isinstance(item, Mapping):
-                raise StateFileError(
-                    f"{where}: expected a Kubernetes object or List, got {type(item).__name__}"
-                )
-            kind, items = item.get("kind"), item.get("items")
-            if isinstance(kind, str) and kind.endswith("List") and "items" in item:
-                if not isinstance(items, list):
-                    raise StateFileError(f"{where}: 'items' of a {kind} must be a list")
-                pending[:0] = [(child, f"{where}, items[{i}]") for i, child in enumerate(items)]
-            else:
-                objects.append(item)
-    return objects
+    return state_file.read_objects(sys.stdin if path == "-" else path, path)
 
 
 def run(args: argparse.Namespace) -> int:
     """``castslice audit drift``: the stored Pods of ``--cluster`` the webhook would change today."""
     from function.offline.config import config_from
-    from function.offline.state_file import StateFileError
 
     if args.cluster is None:
         print(f"castslice audit drift: --cluster STATE.yaml is required ({STATE_HINT})", file=sys.stderr)
@@ -154,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except StateFileError as error:
+    except state_file.StateFileError as error:
         print(f"castslice audit drift: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     found, tally = report(config, objects, args.namespace)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 
 from function.core.view import PODS, WatchSpec, by_owner, name_of
-from function.offline.state_file import StateFileError, load_state
+from function.offline.state_file import StateFileError, load_state, read_objects
 
 STATE = Path(__file__).parents[1] / "data" / "cluster" / "state.yaml"
 RS_UID = "22222222-0000-0000-0000-000000000001"
@@ -117,3 +117,10 @@ def test_load_state_names_where_the_state_came_from(tmp_path: Path) -> None:
     with pytest.raises(StateFileError) as raised, path.open() as stream:
         load_state(stream)
     assert str(raised.value).startswith(f"cluster state {path}: not YAML: ")
+
+
+def test_read_objects_keeps_every_object_in_order_and_names_the_source_as_told() -> None:
+    text = "kind: List\nitems:\n- {kind: Namespace, metadata: {name: a}}\n- {kind: Pod, metadata: {uid: p}}\n"
+    assert [obj["kind"] for obj in read_objects(io.StringIO(text))] == ["Namespace", "Pod"]
+    with pytest.raises(StateFileError, match=r"^cluster state -: not YAML"):
+        read_objects(io.StringIO("a: [unclosed\n"), "-")
