@@ -29,7 +29,13 @@ from function.core.placement import (
 )
 from function.core.podmutation.compiled import CompiledMutation, Group
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
-from function.core.podmutation.spec import NODE_TEMPLATE_KEY, SpotMode
+from function.core.podmutation.spec import (
+    NODE_TEMPLATE_KEY,
+    NodeAffinity,
+    NodeSelectorChange,
+    PodMutationSpec,
+    SpotMode,
+)
 from function.core.rules import scheduling_violations
 from function.core.view import MUTATION_GROUP_ANNOTATION
 
@@ -213,104 +219,23 @@ def _distributes(mutation: CompiledMutation) -> bool:
 def apply_mutation(
     pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings()
 ) -> tuple[dict[str, Any], Applied]:
-    """The mutated Pod (``pod`` itself, edited, unless a patch replaced it) and what was done."""
-    spec_in = mutation.spec
+    """The mutated Pod (``pod`` itself, edited, unless a patch replaced it) and what was done, in
+    the module's order: the declarative fields, the distribution share and its spot placement,
+    then the patches (the mutation's, then its chosen group's)."""
+    wanted = mutation.spec
     done = Applied()
     metadata = _map(pod, "metadata")
     spec = _map(pod, "spec")
-
-    if spec_in.labels:
-        labels = _map(metadata, "labels")
-        changed = [k for k, v in spec_in.labels.items() if labels.get(k) != v]
-        labels.update(spec_in.labels)
-        if changed:
-            done.changes.append("labels " + ",".join(changed))
-    if spec_in.annotations:
-        annotations = _map(metadata, "annotations")
-        changed = [k for k, v in spec_in.annotations.items() if annotations.get(k) != v]
-        annotations.update(spec_in.annotations)
-        if changed:
-            done.changes.append("annotations " + ",".join(changed))
-    if spec_in.nodeSelector is not None:
-        selector = spec.get("nodeSelector") if isinstance(spec.get("nodeSelector"), dict) else {}
-        assert isinstance(selector, dict)
-        before = dict(selector)
-        selector.update(spec_in.nodeSelector.add)
-        for key in spec_in.nodeSelector.remove:
-            selector.pop(key, None)
-        if selector != before:
-            done.changes.append("nodeSelector")
-        if selector:
-            spec["nodeSelector"] = selector
-        else:
-            spec.pop("nodeSelector", None)
-    added = sum(add_toleration(spec, t.as_pod_field()) for t in spec_in.tolerations)
+    _set_labels_and_annotations(metadata, wanted, done)
+    _change_node_selector(spec, wanted.nodeSelector, done)
+    added = sum(add_toleration(spec, t.as_pod_field()) for t in wanted.tolerations)
     if added:
         done.changes.append(f"tolerations +{added}")
-    if spec_in.affinity is not None:
-        node = spec_in.affinity.nodeAffinity
-        if node.requiredDuringSchedulingIgnoredDuringExecution is not None:
-            terms = [
-                t.model_dump(exclude_defaults=True)
-                for t in node.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms
-            ]
-            if and_into_required(spec, terms):
-                done.changes.append("required node affinity")
-        preferred = [
-            p.model_dump(exclude_defaults=True) for p in node.preferredDuringSchedulingIgnoredDuringExecution
-        ]
-        if preferred and add_preferred(spec, preferred):
-            done.changes.append("preferred node affinity")
-    templates = spec_in.nodeTemplatesToConsolidate
-    if templates:
-        selector = spec.get("nodeSelector")
-        if isinstance(selector, dict) and NODE_TEMPLATE_KEY in selector:
-            del selector[NODE_TEMPLATE_KEY]  # consolidation turns this selector into the affinity below
-            if not selector:
-                del spec["nodeSelector"]
-            done.changes.append("node-template nodeSelector -> affinity")
-        term = {"matchExpressions": [{"key": NODE_TEMPLATE_KEY, "operator": "In", "values": list(templates)}]}
-        if and_into_required(spec, [term]):
-            done.changes.append("node templates " + ",".join(templates))
-        for template in templates:
-            toleration = {
-                "key": NODE_TEMPLATE_KEY,
-                "operator": "Equal",
-                "value": template,
-                "effect": "NoSchedule",
-            }
-            if add_toleration(spec, toleration):
-                done.changes.append(f"toleration {template}")
-
-    mode: SpotMode | None = None
-    if _is_template(pod) and _distributes(mutation):
-        # A workload's Pod template (castslice mutate: no name, no generateName): a share chosen
-        # here would pin every Pod of the workload to one side. Each Pod is placed when created.
-        group = None
-        done.notes.append("spot distribution and groups: chosen per Pod when each is created")
-    elif mutation.groups:
-        group = choose_group(mutation.groups, siblings)
-    else:
-        group = None
-    if _is_template(pod) and _distributes(mutation):
-        pass
-    elif group is not None:
-        done.group = group.name
-        mode = group.spot_mode
-        if mode is not None:
-            done.placement = "spot"
-    elif mutation.spec.spotConfig is not None:
-        done.placement = partial_split(siblings.counts, mutation.spec.spotConfig.distributionPercentage)
-        mode = mutation.spec.spotConfig.mode if done.placement == "spot" else None
-    elif mutation.groups:
-        done.group = ""
-        if any(g.spot_mode for g in mutation.groups):
-            done.placement = "on-demand"
-    if done.placement is not None:
-        # The spot placement machinery (function/core/placement.py), CAST AI's node labels and taint;
-        # the on-demand share drops spot tolerations and selectors so it really runs on-demand.
-        account = apply_spot_mode(pod, mode or "on-demand", CASTAI)
-        done.changes.append(f"{done.placement}" + (f" ({account})" if account else ""))
+    if wanted.affinity is not None:
+        _add_node_affinity(spec, wanted.affinity.nodeAffinity, done)
+    if wanted.nodeTemplatesToConsolidate:
+        _consolidate_node_templates(spec, wanted.nodeTemplatesToConsolidate, done)
+    group = _place(pod, mutation, siblings, done)
 
     # Our bookkeeping goes in before the patches (so /metadata/annotations exists for a patch that
     # adds one annotation, as the seed's Terraform example does) and again after them (so a patch
@@ -321,6 +246,113 @@ def apply_mutation(
         pod = _run_sequences(pod, group.sequences, f"group {group.name} patches", done)
     _mark(pod, mutation, done)
     return pod, done
+
+
+def _set_labels_and_annotations(metadata: dict[str, Any], wanted: PodMutationSpec, done: Applied) -> None:
+    for field_name, values in (("labels", wanted.labels), ("annotations", wanted.annotations)):
+        if not values:
+            continue
+        current = _map(metadata, field_name)
+        changed = [key for key, value in values.items() if current.get(key) != value]
+        current.update(values)
+        if changed:
+            done.changes.append(f"{field_name} " + ",".join(changed))
+
+
+def _change_node_selector(spec: dict[str, Any], wanted: NodeSelectorChange | None, done: Applied) -> None:
+    if wanted is None:
+        return
+    current = spec.get("nodeSelector")
+    selector: dict[str, Any] = current if isinstance(current, dict) else {}
+    before = dict(selector)
+    selector.update(wanted.add)
+    for key in wanted.remove:
+        selector.pop(key, None)
+    if selector != before:
+        done.changes.append("nodeSelector")
+    if selector:
+        spec["nodeSelector"] = selector
+    else:
+        spec.pop("nodeSelector", None)
+
+
+def _add_node_affinity(spec: dict[str, Any], wanted: NodeAffinity, done: Applied) -> None:
+    required = wanted.requiredDuringSchedulingIgnoredDuringExecution
+    if required is not None:
+        terms = [term.model_dump(exclude_defaults=True) for term in required.nodeSelectorTerms]
+        if and_into_required(spec, terms):
+            done.changes.append("required node affinity")
+    preferred = [
+        term.model_dump(exclude_defaults=True)
+        for term in wanted.preferredDuringSchedulingIgnoredDuringExecution
+    ]
+    if preferred and add_preferred(spec, preferred):
+        done.changes.append("preferred node affinity")
+
+
+def _consolidate_node_templates(spec: dict[str, Any], templates: Sequence[str], done: Applied) -> None:
+    """CAST AI's node-template consolidation: the Pod may run on any of the templates' nodes (a
+    required affinity ``In`` them, which replaces a node-template nodeSelector) and tolerates each
+    template's taint."""
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and NODE_TEMPLATE_KEY in selector:
+        del selector[NODE_TEMPLATE_KEY]
+        if not selector:
+            del spec["nodeSelector"]
+        done.changes.append("node-template nodeSelector -> affinity")
+    term = {"matchExpressions": [{"key": NODE_TEMPLATE_KEY, "operator": "In", "values": list(templates)}]}
+    if and_into_required(spec, [term]):
+        done.changes.append("node templates " + ",".join(templates))
+    for template in templates:
+        toleration = {
+            "key": NODE_TEMPLATE_KEY,
+            "operator": "Equal",
+            "value": template,
+            "effect": "NoSchedule",
+        }
+        if add_toleration(spec, toleration):
+            done.changes.append(f"toleration {template}")
+
+
+def _place(
+    pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings, done: Applied
+) -> Group | None:
+    """The distribution share this Pod gets and the spot placement that follows from it, applied
+    and recorded in ``done``; the chosen group, whose patches run after the mutation's."""
+    if _is_template(pod) and _distributes(mutation):
+        # A workload's Pod template (castslice mutate: no name, no generateName): a share chosen
+        # here would pin every Pod of the workload to one side. Each Pod is placed when created.
+        done.notes.append("spot distribution and groups: chosen per Pod when each is created")
+        return None
+    group = choose_group(mutation.groups, siblings) if mutation.groups else None
+    mode = _share(mutation, group, siblings, done)
+    if done.placement is not None:
+        # The spot placement machinery (function/core/placement.py), CAST AI's node labels and taint;
+        # the on-demand share drops spot tolerations and selectors so it really runs on-demand.
+        account = apply_spot_mode(pod, mode or "on-demand", CASTAI)
+        done.changes.append(f"{done.placement}" + (f" ({account})" if account else ""))
+    return group
+
+
+def _share(
+    mutation: CompiledMutation, group: Group | None, siblings: Siblings, done: Applied
+) -> SpotMode | None:
+    """Record the Pod's share in ``done`` (its group, "" for the rest, and its placement) and
+    return the spot mode the share asks for (None: on-demand, or no placement at all)."""
+    if group is not None:
+        done.group = group.name
+        if group.spot_mode is not None:
+            done.placement = "spot"
+        return group.spot_mode
+    spot = mutation.spec.spotConfig
+    if spot is not None:
+        done.placement = partial_split(siblings.counts, spot.distributionPercentage)
+        return spot.mode if done.placement == "spot" else None
+    if mutation.groups:
+        done.group = ""  # the remainder's share: no group
+        if any(g.spot_mode for g in mutation.groups):
+            done.placement = "on-demand"
+    return None
 
 
 def _mark(pod: dict[str, Any], mutation: CompiledMutation, done: Applied) -> None:
