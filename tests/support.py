@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from function.core.podmutation.compiled import CompiledMutation
+    from collections.abc import Iterable
+
+    from function.core.podmutation.compiled import CompiledMutation, InvalidMutation
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -131,3 +133,11 @@ def compiled_mutation(spec: dict[str, Any], name: str = "m") -> CompiledMutation
     )
     assert isinstance(compiled, CompiledMutation), compiled
     return compiled
+
+
+def mutation_records(objects: Iterable[Mapping[str, Any]]) -> dict[str, CompiledMutation | InvalidMutation]:
+    """PodMutation objects as the view's index holds them (compiled, keyed by uid, as the watch keys
+    them): a StaticView's ``podmutations`` index."""
+    from function.core.podmutation.compiled import compile_object
+
+    return {compiled.uid: compiled for compiled in map(compile_object, objects)}

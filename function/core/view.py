@@ -377,9 +377,6 @@ class IndexState:
                     tallies = tallies.set(key, left) if members else tallies.delete(key)
         return IndexState(self.records.delete(uid), groups, self.synced, tallies)
 
-    def marked_synced(self) -> IndexState:
-        return IndexState(self.records, self.groups, True, self.tallies)
-
 
 def _added(total: tuple[int, ...], values: tuple[int, ...], sign: int) -> tuple[int, ...]:
     """``total + sign * values`` element-wise (the shorter padded with zeros)."""

@@ -9,7 +9,6 @@ import pytest
 
 from function.core.pod import Owner
 from function.core.view import (
-    PODS,
     IndexState,
     ReplicaSetRecord,
     StaticView,
@@ -60,15 +59,6 @@ def test_record_key_refuses_a_uid_that_is_not_a_non_empty_string(record: object)
     with pytest.raises(ValueError) as raised:
         record_key(record)
     assert str(raised.value) == f"a cluster-view record needs a non-empty str uid: {record!r}"
-
-
-def test_marking_an_index_synced_keeps_its_records_and_groups() -> None:
-    pods = [Bare("a"), Bare("b")]
-    state = IndexState.build(pods, PODS, synced=False)
-    assert state.synced is False
-    synced = state.marked_synced()
-    assert synced.synced is True
-    assert synced.records is state.records and synced.groups is state.groups
 
 
 def test_removing_from_an_index_built_without_groups() -> None:

@@ -18,7 +18,6 @@ from function.core.mutators.pod_mutations import (
     PodMutations,
     PodMutationsConfig,
     loaded_mutations,
-    mutation_records,
     siblings_of,
     slim_job,
     slim_podmutation,
@@ -30,7 +29,7 @@ from function.core.podmutation.apply import MARK_ANNOTATION, Siblings
 from function.core.podmutation.compiled import InvalidMutation, compile_object
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, IndexState, PodRecord, StaticView, View
 from tests.core.test_podmutation_plugin import pm
-from tests.support import PodGroupView
+from tests.support import PodGroupView, mutation_records
 
 SPECS = (PODS, REPLICASETS, JOBS, OUR_MUTATIONS, CASTAI_MUTATIONS)
 

@@ -20,11 +20,11 @@ from function.core.config import parse_config
 from function.core.engine import Engine
 from function.core.json_patch import copy_json
 from function.core.mutators.base import RequestContext
-from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, mutation_records, siblings_of
+from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, siblings_of
 from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, pod_shape_problem
 from function.core.view import PodRecord, StaticView, slim_pod
-from tests.support import asgi_client
+from tests.support import asgi_client, mutation_records
 
 TEMPLATE = "scheduling.cast.ai/node-template"
 

@@ -13,7 +13,7 @@ skipped (and was refused at ``kubectl apply`` by the validating webhook in the f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from function.core.configtypes import MutatorConfig
@@ -202,12 +202,3 @@ PLUGIN = MutatorPlugin(
     build=build,
     watches=watches,
 )
-
-
-def mutation_records(objects: Iterable[Mapping[str, Any]]) -> dict[str, CompiledMutation | InvalidMutation]:
-    """Offline: PodMutation objects -> the index records a view would hold (keyed like the watch)."""
-    records: dict[str, CompiledMutation | InvalidMutation] = {}
-    for obj in objects:
-        compiled = compile_object(obj)
-        records[compiled.uid] = compiled
-    return records

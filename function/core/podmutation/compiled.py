@@ -108,10 +108,6 @@ class CompiledMutation:
     def sort_name(self) -> tuple[str, int]:
         return (self.name, 0 if self.group == OUR_GROUP else 1)
 
-    @property
-    def has_spot_settings(self) -> bool:
-        return self.spec.spotConfig is not None or any(g.spot_mode for g in self.groups)
-
 
 @dataclass(frozen=True)
 class InvalidMutation:
