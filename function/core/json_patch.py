@@ -3,7 +3,8 @@
 We never trust a generic diff library to be right on lists (python-json-patch issues 124 and
 138): the patch is built here, then applied to the original (RFC 6902, ``apply_patch``) and
 compared with the intended Pod as canonical JSON bytes. Only a patch that passes that proof is
-ever sent. Both steps run mostly in C (== and orjson), so the proof costs tens of microseconds.
+ever sent. Both steps run mostly in C (== and orjson), so the proof is cheap enough to run on
+every review.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ str, a datetime as a string, a dataclass as an object): JSON's own types only.""
 
 
 def exact_json(value: Any) -> bytes | None:
-    """The JSON bytes of ``value`` in its own key order, by orjson (C, about 2 us for a Pod), or
+    """The JSON bytes of ``value`` in its own key order, by orjson (in C), or
     None when orjson cannot write it (an integer beyond 64 bits, a lone surrogate, a non-string
     key, any type but JSON's own). Equal bytes mean equal JSON (1, 1.0 and true are written
     differently) with the same key order; orjson writes NaN and the infinities as null, which no
@@ -76,7 +77,8 @@ _IMMUTABLE = (str, int, float, bool, type(None))
 
 def copy_json(value: Any) -> Any:
     """A deep copy of JSON-shaped data. marshal (in C) keeps every JSON type exactly (True stays
-    True, 1 stays 1) and is about twice as fast as a Python walk, four times copy.deepcopy."""
+    True, 1 stays 1) in one C call each way, where a Python walk or copy.deepcopy visits every
+    member in Python."""
     if isinstance(value, _IMMUTABLE):
         return value  # immutable: nothing to copy
     return marshal.loads(marshal.dumps(value))

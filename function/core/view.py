@@ -18,9 +18,9 @@ Layout of one index (``IndexState``):
   so counting a Pod's siblings costs O(siblings), never O(all Pods).
 
 Both are ``immutables.Map`` (a hash array mapped trie, the structure behind ``contextvars``): an
-update makes a new map sharing all but O(log n) nodes with the old one (~1 us at 100k entries,
-measured), so the watch thread publishes a new state per event and a snapshot is a reference
-copy (O(1)); a plain dict would need a 12 ms copy of 100k entries per event to stay immutable.
+update makes a new map sharing all but O(log n) nodes with the old one, so the watch thread
+publishes a new state per event and a snapshot is a reference copy (O(1)); a plain dict would
+need a copy of every entry per event to stay immutable.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ MUTATION_GROUP_ANNOTATION = "castops.io/pod-mutation-group"
 
 # -- slim records ---------------------------------------------------------------------------------
 class PodRecord(NamedTuple):
-    """What the view keeps of a Pod: about 0.5 KiB at 100k Pods (indices included, measured by
-    tests/benchmark_view.py), not the object's 5-20 KiB."""
+    """What the view keeps of a Pod: a few short strings, not the whole object (the memory per Pod
+    is measured by tests/benchmark_view.py; docs/cluster-view.md has the figures)."""
 
     namespace: str
     name: str
