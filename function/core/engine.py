@@ -191,8 +191,8 @@ class Engine:
         when the passes run out."""
         if not self.mutators:
             return FixedPoint(pod, (), None)
-        # One copy per review, which the mutators edit in place one after another (a deep copy
-        # per mutator run was most of the engine's cost); the original is never handed out.
+        # One copy per review, which the mutators edit in place one after another (see
+        # WorkingCopy); the original is never handed out.
         working = WorkingCopy(pod)
         decisions: dict[str, MutatorDecision] = {}
         for _ in range(MAX_PASSES):
