@@ -114,8 +114,6 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
 
 
-
-
 def _at_secret_position(path: tuple[str, ...]) -> bool:
     """.../env/<i>/value, or an entry of .../command or .../args."""
     if (
