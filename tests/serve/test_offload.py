@@ -17,8 +17,9 @@ import pytest
 from function.admission.review import Admission
 from function.audit.metrics import AuditMetrics
 from function.audit.recorder import AuditRecorder
+from function.config_file import load_config_file
 from function.contract import LARGE_BODY_BYTES
-from function.core.config import load_config_file, parse_config
+from function.core.config import parse_config
 from function.core.engine import Engine
 from function.serve import offload
 from function.serve.http_api import WebhookHttp
