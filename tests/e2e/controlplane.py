@@ -17,7 +17,13 @@ Conventions follow controller-runtime's envtest:
   on that key) and GPU Nodes whose GPUs are shared by time-slicing: they
   advertise ``nvidia.com/gpu-shared`` and no whole ``nvidia.com/gpu`` (0), as
   a device plugin that renames its shared replicas does. A Pod asking for
-  whole GPUs therefore never schedules; a sliced one does.
+  whole GPUs therefore never schedules; a sliced one does. Two GPUs of each
+  GPU Node are also published through DRA (``resource.k8s.io/v1``): a
+  hand-written ResourceSlice per Node, as NVIDIA's driver publishes GPUs in
+  its consumable-shares mode (``allowMultipleAllocations``, a ``shares``
+  capacity of 8), and a DeviceClass ``gpu.nvidia.com`` without
+  ``extendedResourceName``, so whole-GPU requests stay off DRA. No driver
+  runs: the scheduler allocates and binds, nothing prepares a device.
 * kwok's Stages (``kwok-stages.yaml``) make a managed Node Ready and a Pod bound
   to one Running at once; a deleted Pod goes away.
 
@@ -97,6 +103,13 @@ class FakeNode:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[dict[str, str], ...] = ()
     capacity: dict[str, str] = field(default_factory=dict)
+    dra_gpus: int = 0
+    """GPUs published through DRA (a ResourceSlice of this Node's pool), DRA_SHARES each."""
+
+
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_DEVICE_CLASS = "gpu.nvidia.com"
+DRA_SHARES = 8
 
 
 _CPU = {"cpu": "8", "memory": "32Gi", "pods": "110"}
@@ -123,12 +136,14 @@ FLEET: tuple[FakeNode, ...] = (
         GPU_NODE,
         labels={"nvidia.com/gpu.present": "true"},
         capacity={"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "0", GPU_SHARED: "64"},
+        dra_gpus=2,
     ),
     FakeNode(
         "gpu-2",
         GPU_NODE,
         labels={"nvidia.com/gpu.present": "true"},
         capacity={"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "0", GPU_SHARED: "64"},
+        dra_gpus=2,
     ),
 )
 
@@ -153,6 +168,41 @@ def node_manifest(node: FakeNode) -> dict[str, Any]:
         },
         "spec": {"taints": [dict(t) for t in node.taints]},
         "status": {"capacity": dict(node.capacity), "allocatable": dict(node.capacity)},
+    }
+
+
+def device_class() -> dict[str, Any]:
+    """Every device of the driver; no ``extendedResourceName`` (see the module)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRA_DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]},
+    }
+
+
+def resource_slice(node: FakeNode) -> dict[str, Any]:
+    """The Node's pool as NVIDIA's driver publishes it with consumable shares: each GPU may be
+    allocated to several claims, each consuming 1-8 of its 8 shares."""
+    shares = str(DRA_SHARES)
+    policy = {"default": "1", "validRange": {"min": "1", "max": shares, "step": "1"}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node.name}-{DRA_DRIVER}"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node.name,
+            "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{index}",
+                    "allowMultipleAllocations": True,
+                    "capacity": {"shares": {"value": shares, "requestPolicy": policy}},
+                }
+                for index in range(node.dra_gpus)
+            ],
+        },
     }
 
 
@@ -939,6 +989,13 @@ def _create_fleet(cp: ControlPlane) -> None:
         core: Any = client.CoreV1Api(api)
         for node in cp.nodes:
             core.create_node(node_manifest(node))
+        resource = client.CustomObjectsApi(api)
+        resource.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", device_class())
+        for node in cp.nodes:
+            if node.dra_gpus:
+                resource.create_cluster_custom_object(
+                    "resource.k8s.io", "v1", "resourceslices", resource_slice(node)
+                )
 
 
 def _http_ok(url: str) -> bool:

@@ -1,17 +1,22 @@
 """The webhook's identity on the e2e cluster, as a user deploys it: the ServiceAccount, ClusterRole
 and ClusterRoleBinding the manifests render (the deployment overlay, whose shipped configuration
-enables mutators that watch, so it includes the cluster-view component), created with the API."""
+enables mutators that watch, so it includes the cluster-view component, plus the components a test
+names), created with the API, and a token kubeconfig for a server to run as it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.manifests_support import KNATIVE_DIR, kubectl_path
+
+from .controlplane import ControlPlane
 
 SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
@@ -53,3 +58,66 @@ def create(api: Any, obj: dict[str, Any]) -> bool:
             raise
         return False
     return True
+
+
+def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
+    """Remove what a module created (a later module's dry run of the manifests must not find it)."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
+        for obj in reversed(created):
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind == "ClusterRoleBinding":
+                rbac.delete_cluster_role_binding(name)
+            elif kind == "ClusterRole":
+                rbac.delete_cluster_role(name)
+            elif kind == "ServiceAccount":
+                core.delete_namespaced_service_account(name, obj["metadata"]["namespace"])
+            elif kind == "Namespace":
+                core.delete_namespace(name)
+                deadline = time.monotonic() + 120
+                while plane.get(f"/api/v1/namespaces/{name}")[0] != 404:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"namespace {name} not gone after 120s")
+                    time.sleep(0.2)
+
+
+def service_account_kubeconfig(
+    plane: ControlPlane, directory: Path, created: list[dict[str, Any]], components: tuple[str, ...] = ()
+) -> Path:
+    """Apply the rendered RBAC with ``components`` (what was new is appended to ``created``); a
+    kubeconfig with a token of the webhook's ServiceAccount."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        for obj in rendered_rbac(directory, components):
+            if create(api, obj):
+                created.append(obj)
+        plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
+        token = (
+            client.CoreV1Api(api)
+            .create_namespaced_service_account_token(
+                SA_NAME, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
+            )
+            .status.token
+        )
+    path = directory / "castslice.kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "e2e",
+                        "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
+                    }
+                ],
+                "users": [{"name": SA_NAME, "user": {"token": token}}],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": SA_NAME}}],
+                "current-context": "e2e",
+            }
+        )
+    )
+    return path

@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ import pytest
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ON_DEMAND, SPOT, SPOT_KEY, ControlPlane
-from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
+from .identity import delete_created, service_account_kubeconfig
 from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
 
 pytestmark = pytest.mark.e2e
@@ -66,67 +65,6 @@ def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.2)
-
-
-# -- the webhook's identity: the rendered ServiceAccount and RBAC, a token kubeconfig ---------------
-def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
-    """Remove what this module created (a later module's dry run of the manifests must not find it)."""
-    from kubernetes import client
-
-    with plane.api_client() as api:
-        rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
-        for obj in reversed(created):
-            kind, name = obj["kind"], obj["metadata"]["name"]
-            if kind == "ClusterRoleBinding":
-                rbac.delete_cluster_role_binding(name)
-            elif kind == "ClusterRole":
-                rbac.delete_cluster_role(name)
-            elif kind == "ServiceAccount":
-                core.delete_namespaced_service_account(name, obj["metadata"]["namespace"])
-            elif kind == "Namespace":
-                core.delete_namespace(name)
-                eventually(
-                    lambda name=name: plane.get(f"/api/v1/namespaces/{name}")[0] == 404, 120, f"{name} gone"
-                )
-
-
-def service_account_kubeconfig(plane: ControlPlane, directory: Path, created: list[dict[str, Any]]) -> Path:
-    """Apply the rendered RBAC (what was new is appended to ``created``); a token kubeconfig."""
-    from kubernetes import client
-
-    with plane.api_client() as api:
-        # A namespaceSelector term (SPOT_CONFIG) makes the view watch Namespaces: the component a
-        # user adds for it (README, "Spot placement"). Without it no server would become ready.
-        for obj in rendered_rbac(directory, ("cluster-view-namespaces",)):
-            if create(api, obj):
-                created.append(obj)
-        plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
-        token = (
-            client.CoreV1Api(api)
-            .create_namespaced_service_account_token(
-                SA_NAME, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
-            )
-            .status.token
-        )
-    path = directory / "castslice.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
-                    }
-                ],
-                "users": [{"name": SA_NAME, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": SA_NAME}}],
-                "current-context": "e2e",
-            }
-        )
-    )
-    return path
 
 
 # -- the servers ------------------------------------------------------------------------------------
@@ -201,7 +139,11 @@ def spot(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) 
     from kubernetes import client
 
     created: list[dict[str, Any]] = []
-    kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("spot-rbac"), created)
+    # A namespaceSelector term (SPOT_CONFIG) makes the view watch Namespaces: the component a user
+    # adds for it (README, "Spot placement"). Without it no server would become ready.
+    kubeconfig = service_account_kubeconfig(
+        control_plane, tmp_path_factory.mktemp("spot-rbac"), created, ("cluster-view-namespaces",)
+    )
     events = EventLog()
     sink_url, sink = start_event_sink(events)
 

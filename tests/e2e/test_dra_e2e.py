@@ -1,0 +1,481 @@
+"""GPU slicing through DRA (``gpuSlicing.backend: dra``) on the real control plane: the webhook
+trades a Pod's GPU for a claim from a ResourceClaimTemplate, the kube-controller-manager makes the
+claim (owned by the Pod), the scheduler allocates shares of a GPU the fleet publishes through
+hand-written ResourceSlices (controlplane.py: two GPUs of 8 shares on each GPU Node, a DeviceClass
+without ``extendedResourceName``), and kwok runs the Pod. Nothing prepares a device (no driver):
+this proves admission, claim creation, allocation, binding and clean-up.
+
+The webhooks run as the webhook's rendered identity (knative/components/dra): a server that could
+not list and watch the templates with it would never become ready. Three configurations share the
+apiserver, each for the namespaces labelled for it: ``deny`` (the defaults: a missing template is
+denied), ``warn`` (``missingTemplate: warn``) and ``shadow`` (``mode: shadow``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from function.contract import DEFAULT_EXCLUDED_NAMESPACES
+from function.core.config import parse_config
+from function.core.dra import templates
+from tests.manifests_support import KNATIVE_DIR, one, render
+
+from .controlplane import DRA_SHARES, GPU_NODE, ControlPlane
+from .identity import delete_created, service_account_kubeconfig
+from .launch import CASTSLICE, EventLog, ServedWebhook, pointed_at, start_event_sink
+
+pytestmark = pytest.mark.e2e
+
+ROUTE = "castslice-dra-e2e"
+"""Namespaces labelled castslice-dra-e2e=<server> reach that server; unlabelled ones none of ours."""
+NS = "e2e-dra"
+EMPTY_NS = "e2e-dra-empty"  # routed to the deny server; never gets templates
+EXCLUDED_NS = "e2e-dra-excluded"  # routed to the deny server, which lists it in excludedNamespaces
+WARN_NS = "e2e-dra-warn"
+SHADOW_NS = "e2e-dra-shadow"
+DRA: dict[str, Any] = {"gpuSlicing": {"backend": "dra"}}
+SERVERS: dict[str, dict[str, Any]] = {
+    "deny": {**DRA, "excludedNamespaces": [*DEFAULT_EXCLUDED_NAMESPACES, EXCLUDED_NS]},
+    "warn": {"gpuSlicing": {"backend": "dra", "dra": {"missingTemplate": "warn"}}},
+    "shadow": {"gpuSlicing": {"backend": "dra", "mode": "shadow"}},
+}
+NAMESPACES = {NS: "deny", EMPTY_NS: "deny", EXCLUDED_NS: "deny", WARN_NS: "warn", SHADOW_NS: "shadow"}
+TEMPLATES = {t.slices: t.name for t in templates(parse_config(DRA).section("gpuSlicing").dra)}
+OPTED_IN = {"castops.io/optimize": "true"}
+GPU = {"nvidia.com/gpu": "1"}
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims"
+
+
+def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def apply_rendered_templates(plane: ControlPlane, namespace: str) -> None:
+    """The templates as a GitOps user applies them: ``castslice dra templates -n NS``."""
+    from kubernetes import client
+
+    config = plane.workdir / "castslice-dra-deny.yaml"  # the deny server's (ServedWebhook's name)
+    rendered = subprocess.run(
+        [CASTSLICE, "dra", "templates", "-n", namespace, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    with plane.api_client() as api:
+        objects = client.CustomObjectsApi(api)
+        for template in yaml.safe_load_all(rendered):
+            objects.create_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaimtemplates", template
+            )
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    from kubernetes import client
+
+    events = EventLog()
+    sink_url, sink = start_event_sink(events)
+    created: list[dict[str, Any]] = []
+    api = control_plane.api_client()
+    core = client.CoreV1Api(api)
+    registration = client.AdmissionregistrationV1Api(api)
+    servers: dict[str, ServedWebhook] = {}
+    try:
+        kubeconfig = service_account_kubeconfig(
+            control_plane, tmp_path_factory.mktemp("dra-identity"), created, ("dra",)
+        )
+        # One after another: a server started from another thread would die with that thread
+        # (controlplane.PREEXEC's parent-death signal follows the thread that forked it).
+        for name, config in SERVERS.items():
+            servers[name] = ServedWebhook(
+                control_plane, f"dra-{name}", config, sink_url, kubeconfig=kubeconfig
+            )
+        rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
+        ca = control_plane.ca_cert.read_bytes()
+        for name, server in servers.items():
+            route = {"key": ROUTE, "operator": "In", "values": [name]}
+            registration.create_mutating_webhook_configuration(
+                pointed_at(rendered, f"e2e-dra-{name}", server.url, ca, route)
+            )
+        for namespace, route in NAMESPACES.items():
+            control_plane.create_namespace(namespace, labels={ROUTE: route})
+        for namespace in (NS, SHADOW_NS):
+            apply_rendered_templates(control_plane, namespace)
+        _wait_webhooks_active(core, servers)
+        yield {
+            "plane": control_plane,
+            "api": api,
+            "core": core,
+            "apps": client.AppsV1Api(api),
+            "events": events,
+        }
+    finally:
+        for name in servers:
+            registration.delete_mutating_webhook_configuration(f"e2e-dra-{name}")
+        for server in servers.values():
+            server.stop()
+        delete_created(control_plane, created)
+        sink.shutdown()
+        api.close()
+
+
+def _wait_webhooks_active(core: Any, servers: dict[str, ServedWebhook]) -> None:
+    """The apiserver picks up new webhook configurations asynchronously: dry runs in each server's
+    namespace until that server has answered one (shadow mode changes nothing to look at)."""
+    for name, namespace in (("deny", NS), ("warn", WARN_NS), ("shadow", SHADOW_NS)):
+        server, before = servers[name], servers[name].admissions()
+
+        def answered(
+            server: ServedWebhook = server, namespace: str = namespace, before: float = before
+        ) -> bool:
+            core.create_namespaced_pod(namespace, pod("probe", OPTED_IN), dry_run="All")
+            return server.admissions() > before
+
+        eventually(answered, 30, f"the {name} webhook to be called")
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def pod(
+    name: str, annotations: dict[str, str] | None = None, limits: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "app", "image": "cuda"}
+    container["resources"] = {"limits": dict(GPU if limits is None else limits)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"containers": [container], **spec},
+    }
+
+
+def create(
+    cluster: dict[str, Any], namespace: str, manifest: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Create a Pod: (the Pod as stored, the warnings the apiserver passed on)."""
+    answer = cluster["core"].create_namespaced_pod(namespace, manifest, _preload_content=False)
+    return json.loads(answer.data), answer.headers.get_all("Warning") or []
+
+
+def stored(cluster: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    plane: ControlPlane = cluster["plane"]
+    return plane.get_json(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+def claims(cluster: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    plane: ControlPlane = cluster["plane"]
+    items: list[dict[str, Any]] = plane.get_json(CLAIMS.format(namespace))["items"]
+    return items
+
+
+def claim_of(cluster: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    """The claim the kube-controller-manager made for the Pod's castslice-gpu, once allocated."""
+
+    def allocated() -> dict[str, Any] | None:
+        statuses = stored(cluster, namespace, name).get("status", {}).get("resourceClaimStatuses") or []
+        made = {s["name"]: s.get("resourceClaimName") for s in statuses}.get("castslice-gpu")
+        if not made:
+            return None
+        plane: ControlPlane = cluster["plane"]
+        claim = plane.get_json(CLAIMS.format(namespace) + "/" + made)
+        return claim if claim.get("status", {}).get("allocation") else None
+
+    found: dict[str, Any] = eventually(allocated, 60, f"the allocated claim of {namespace}/{name}")
+    return found
+
+
+def device_of(claim: dict[str, Any]) -> tuple[str, str, dict[str, str]]:
+    """(pool, device, consumed capacity) of the claim's one allocated device."""
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return result["pool"], result["device"], result.get("consumedCapacity", {})
+
+
+def delete_pods(cluster: dict[str, Any], namespace: str, *names: str) -> None:
+    """Delete the Pods (those a controller has not deleted already) and wait until they and their
+    claims are gone."""
+    from kubernetes.client.exceptions import ApiException
+
+    for name in names:
+        try:
+            cluster["core"].delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    plane: ControlPlane = cluster["plane"]
+    for name in names:
+        eventually(
+            lambda name=name: plane.get(f"/api/v1/namespaces/{namespace}/pods/{name}")[0] == 404,
+            60,
+            f"{name} gone",
+        )
+    owners = set(names)
+    eventually(
+        lambda: (
+            not any(
+                ref.get("name") in owners
+                for c in claims(cluster, namespace)
+                for ref in c["metadata"].get("ownerReferences", [])
+            )
+        ),
+        60,
+        "the claims of the deleted Pods to go",
+    )
+
+
+# -- the tests ---------------------------------------------------------------------------------------
+def test_a_slice_ratio_4_pod_gets_a_claim_it_owns_allocated_4_shares_and_runs_on_a_gpu_node(
+    cluster: dict[str, Any],
+) -> None:
+    plane: ControlPlane = cluster["plane"]
+    created, warnings = create(cluster, NS, pod("ratio-4", {**OPTED_IN, "castops.io/slice-ratio": "4"}))
+    assert warnings == []
+    assert created["spec"]["resourceClaims"] == [
+        {"name": "castslice-gpu", "resourceClaimTemplateName": TEMPLATES[4]}
+    ]
+    assert created["spec"]["containers"][0]["resources"] == {"claims": [{"name": "castslice-gpu"}]}
+    running = plane.wait_for_pod(NS, "ratio-4")
+    assert plane.node_kind(running["spec"]["nodeName"]) == GPU_NODE
+    claim = claim_of(cluster, NS, "ratio-4")
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner.get("controller")) == (
+        "Pod",
+        "ratio-4",
+        running["metadata"]["uid"],
+        True,
+    )
+    pool, _, consumed = device_of(claim)
+    assert consumed == {"shares": "4"}
+    assert pool == running["spec"]["nodeName"]
+    delete_pods(cluster, NS, "ratio-4")
+
+
+def test_pods_of_4_shares_pack_two_per_gpu_and_the_ninth_waits_for_a_sibling(cluster: dict[str, Any]) -> None:
+    plane: ControlPlane = cluster["plane"]
+    gpus = sum(n.dra_gpus for n in plane.nodes)
+    fits = gpus * DRA_SHARES // 4
+    names = [f"pack-{i}" for i in range(fits)]
+    started = time.monotonic()
+    for name in names:
+        create(cluster, NS, pod(name, {**OPTED_IN, "castops.io/workload-type": "training"}))
+    for name in names:
+        plane.wait_for_pod(NS, name)
+    print(f"\n[dra e2e] {fits} Pods of 4 shares Running on {gpus} GPUs in {time.monotonic() - started:.2f}s")
+    placed = collections.Counter(device_of(claim_of(cluster, NS, name))[:2] for name in names)
+    assert sorted(placed.values()) == [2] * gpus
+    create(cluster, NS, pod("pack-extra", {**OPTED_IN, "castops.io/workload-type": "training"}))
+    condition = plane.wait_for_unschedulable(NS, "pack-extra")
+    assert "cannot allocate all claims" in condition["message"]
+    delete_pods(cluster, NS, names[0])
+    plane.wait_for_pod(NS, "pack-extra")
+    delete_pods(cluster, NS, *names[1:], "pack-extra")
+    assert claims(cluster, NS) == []
+
+
+def test_a_deployments_replicas_each_get_their_own_claim(cluster: dict[str, Any]) -> None:
+    plane: ControlPlane = cluster["plane"]
+    template = pod("unused", {**OPTED_IN, "castops.io/workload-type": "inference"})
+    template["metadata"] = {"labels": {"app": "fleet"}, "annotations": template["metadata"]["annotations"]}
+    cluster["apps"].create_namespaced_deployment(
+        NS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "fleet"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "fleet"}},
+                "template": {k: template[k] for k in ("metadata", "spec")},
+            },
+        },
+    )
+
+    def both() -> list[Any] | None:
+        found = cluster["core"].list_namespaced_pod(NS, label_selector="app=fleet").items
+        return found if len(found) == 2 else None
+
+    listed = eventually(both, 60, "the Deployment's 2 Pods")
+    names = [p.metadata.name for p in listed]
+    made = set()
+    for name in names:
+        plane.wait_for_pod(NS, name)
+        claim = claim_of(cluster, NS, name)
+        made.add(claim["metadata"]["name"])
+        assert claim["metadata"]["ownerReferences"][0]["name"] == name
+        assert device_of(claim)[2] == {"shares": "2"}
+        assert (
+            stored(cluster, NS, name)["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            == TEMPLATES[2]
+        )
+    assert len(made) == 2
+    cluster["apps"].delete_namespaced_deployment("fleet", NS)
+    delete_pods(cluster, NS, *names)
+
+
+def test_a_native_sidecar_and_the_app_share_one_claim(cluster: dict[str, Any]) -> None:
+    plane: ControlPlane = cluster["plane"]
+    sidecar = {
+        "name": "proxy",
+        "image": "envoy",
+        "restartPolicy": "Always",
+        "resources": {"limits": dict(GPU)},
+    }
+    created, _ = create(cluster, NS, pod("with-sidecar", OPTED_IN, initContainers=[sidecar]))
+    assert len(created["spec"]["resourceClaims"]) == 1
+    assert created["spec"]["initContainers"][0]["resources"] == {"claims": [{"name": "castslice-gpu"}]}
+    assert created["spec"]["containers"][0]["resources"] == {"claims": [{"name": "castslice-gpu"}]}
+    plane.wait_for_pod(NS, "with-sidecar")
+    assert device_of(claim_of(cluster, NS, "with-sidecar"))[2] == {"shares": "1"}
+    assert len(claims(cluster, NS)) == 1
+    delete_pods(cluster, NS, "with-sidecar")
+
+
+def test_the_pods_own_claims_are_kept(cluster: dict[str, Any]) -> None:
+    from kubernetes import client
+
+    plane: ControlPlane = cluster["plane"]
+    own = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-share"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.nvidia.com",
+                                "capacity": {"requests": {"shares": "1"}},
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    client.CustomObjectsApi(cluster["api"]).create_namespaced_custom_object(
+        "resource.k8s.io", "v1", NS, "resourceclaimtemplates", own
+    )
+    manifest = pod(
+        "own-claim",
+        {**OPTED_IN, "castops.io/slice-ratio": "3"},
+        resourceClaims=[{"name": "mine", "resourceClaimTemplateName": "one-share"}],
+    )
+    manifest["spec"]["containers"][0]["resources"]["claims"] = [{"name": "mine"}]
+    created, _ = create(cluster, NS, manifest)
+    assert created["spec"]["resourceClaims"] == [
+        {"name": "mine", "resourceClaimTemplateName": "one-share"},
+        {"name": "castslice-gpu", "resourceClaimTemplateName": TEMPLATES[3]},
+    ]
+    assert created["spec"]["containers"][0]["resources"]["claims"] == [
+        {"name": "mine"},
+        {"name": "castslice-gpu"},
+    ]
+    plane.wait_for_pod(NS, "own-claim")
+    assert device_of(claim_of(cluster, NS, "own-claim"))[2] == {"shares": "3"}
+    assert len(claims(cluster, NS)) == 2
+    delete_pods(cluster, NS, "own-claim")
+
+
+def test_a_slice_count_above_one_gpu_is_denied_with_the_range(cluster: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as denied:
+        create(cluster, NS, pod("too-many", {**OPTED_IN, "castops.io/slice-ratio": "12"}))
+    assert denied.value.status == 403
+    message = json.loads(denied.value.body)["message"]
+    assert (
+        'annotation castops.io/slice-ratio: "12" is not valid; accepted: a whole number from 1 to 8'
+        in message
+    )
+    assert "one gpu.nvidia.com device holds 8 slices" in message
+
+
+def test_a_missing_template_is_denied_naming_it(cluster: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as denied:
+        create(cluster, EMPTY_NS, pod("no-template", {**OPTED_IN, "castops.io/slice-ratio": "2"}))
+    assert denied.value.status == 403
+    message = json.loads(denied.value.body)["message"]
+    assert f"ResourceClaimTemplate {TEMPLATES[2]} (2 slices) is missing in namespace {EMPTY_NS}" in message
+
+
+def test_with_warn_a_pod_whose_template_is_missing_waits_and_runs_once_it_exists(
+    cluster: dict[str, Any],
+) -> None:
+    plane: ControlPlane = cluster["plane"]
+    created, warnings = create(cluster, WARN_NS, pod("waits", {**OPTED_IN, "castops.io/slice-ratio": "2"}))
+    assert created["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == TEMPLATES[2]
+    assert any(f"ResourceClaimTemplate {TEMPLATES[2]} missing" in w for w in warnings), warnings
+    time.sleep(2)
+    assert stored(cluster, WARN_NS, "waits")["status"].get("phase") == "Pending"
+    apply_rendered_templates(plane, WARN_NS)
+    started = time.monotonic()
+    plane.wait_for_pod(WARN_NS, "waits")
+    print(f"\n[dra e2e] Pending Pod Running {time.monotonic() - started:.2f}s after its template appeared")
+    delete_pods(cluster, WARN_NS, "waits")
+
+
+def test_a_dry_run_creates_no_claim_and_no_event(cluster: dict[str, Any]) -> None:
+    events: EventLog = cluster["events"]
+    dry = cluster["core"].create_namespaced_pod(NS, pod("dry", OPTED_IN), dry_run="All")
+    assert dry.spec.resource_claims[0].resource_claim_template_name == TEMPLATES[1]
+    create(cluster, NS, pod("wet", OPTED_IN))  # its event proves the sender works: no mere delay
+    eventually(lambda: f"namespaces/{NS}/pods/wet" in events.subjects(), 15, "the wet Pod's event")
+    assert f"namespaces/{NS}/pods/dry" not in events.subjects()
+    claim_of(cluster, NS, "wet")
+    owners = {ref["name"] for c in claims(cluster, NS) for ref in c["metadata"].get("ownerReferences", [])}
+    assert owners == {"wet"}
+    delete_pods(cluster, NS, "wet")
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "annotations", "limits"),
+    [
+        (NS, "not-opted-in", {"castops.io/optimize": "True"}, GPU),
+        (NS, "zero-gpus", OPTED_IN, {"nvidia.com/gpu": "0"}),
+        (EXCLUDED_NS, "excluded", OPTED_IN, GPU),
+        ("kube-system", "system", OPTED_IN, GPU),
+        (SHADOW_NS, "shadowed", OPTED_IN, GPU),
+    ],
+)
+def test_pods_where_slicing_does_not_apply_are_stored_unchanged(
+    cluster: dict[str, Any], namespace: str, name: str, annotations: dict[str, str], limits: dict[str, str]
+) -> None:
+    created, _ = create(cluster, namespace, pod(name, annotations, limits))
+    try:
+        assert "resourceClaims" not in created["spec"]
+        assert created["spec"]["containers"][0]["resources"] == {"limits": limits, "requests": limits}
+    finally:
+        cluster["core"].delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def test_shadow_mode_records_the_claim_it_would_have_added(cluster: dict[str, Any]) -> None:
+    events: EventLog = cluster["events"]
+    create(cluster, SHADOW_NS, pod("shadow-event", OPTED_IN))
+    subject = f"namespaces/{SHADOW_NS}/pods/shadow-event"
+    eventually(lambda: subject in events.subjects(), 15, "the shadow decision's event")
+    event = next(e for e in events.events if e["headers"].get("ce-subject") == subject)
+    (decided,) = json.loads(event["body"])["mutators"]
+    assert decided["shadow"] is True
+    assert decided["action"] == "mutated"
+    assert f"claim castslice-gpu from ResourceClaimTemplate {TEMPLATES[1]}" in decided["reason"]
+    cluster["core"].delete_namespaced_pod("shadow-event", SHADOW_NS, grace_period_seconds=0)
