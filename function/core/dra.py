@@ -29,7 +29,7 @@ from function.core.configtypes import Strict
 from function.core.mutators.spot import LabelSelector
 from function.core.quantity import QuantityError, parse_quantity, times
 from function.core.rules import is_dns_label, is_dns_subdomain
-from function.core.view import WatchSpec
+from function.core.view import Record, WatchSpec
 
 API_GROUP = "resource.k8s.io"
 API_VERSION = "v1"
@@ -319,6 +319,10 @@ def key_of_template(obj: Mapping[str, Any]) -> str:
     return template_key(namespace, name) if isinstance(namespace, str) and isinstance(name, str) else ""
 
 
+def _namespace_of(record: Record) -> str:
+    return record.namespace if isinstance(record, TemplateRecord) else ""
+
+
 TEMPLATES = WatchSpec(
     index=TEMPLATES_INDEX,
     group=API_GROUP,
@@ -328,9 +332,11 @@ TEMPLATES = WatchSpec(
     slim=slim_template,
     key=key_of_template,
     metadata_only=True,
+    group_by=_namespace_of,
 )
-"""ResourceClaimTemplates' metadata, keyed ``namespace/name``: the webhook asks "is the template
-this Pod will use there?", the controller "which of mine exist?"."""
+"""ResourceClaimTemplates' metadata, keyed ``namespace/name`` and grouped by namespace: the webhook
+asks "is the template this Pod will use there?", the controller "which templates has this
+namespace?"."""
 
 
 class NamespaceState(NamedTuple):

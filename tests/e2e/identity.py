@@ -19,12 +19,17 @@ from tests.manifests_support import KNATIVE_DIR, kubectl_path
 from .controlplane import ControlPlane
 
 SA_NAMESPACE, SA_NAME = "castslice-system", "castslice"
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+CONTROL_SA_NAME = "castslice-control"
+"""The controller's ServiceAccount (knative/components/controller)."""
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
-def rendered_rbac(tmp_path: Path, components: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Namespace, the webhook's ServiceAccount, ClusterRole and ClusterRoleBinding as rendered;
-    ``components`` (names under knative/components) are added as a user adds them, before settings."""
+def rendered_rbac(
+    tmp_path: Path, components: tuple[str, ...] = (), account: str = SA_NAME
+) -> list[dict[str, Any]]:
+    """Namespace, the ServiceAccount ``account`` (the webhook's by default), the roles and bindings
+    as rendered; ``components`` (names under knative/components) are added as a user adds them,
+    before settings."""
     overlay = KNATIVE_DIR / "overlays" / "deployment"
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -44,7 +49,7 @@ def rendered_rbac(tmp_path: Path, components: tuple[str, ...] = ()) -> list[dict
         [kubectl_path(), "kustomize", str(tmp_path)], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     objects = [o for o in yaml.safe_load_all(out) if o and o["kind"] in RBAC_KINDS]
-    return [o for o in objects if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == SA_NAME]
+    return [o for o in objects if o["kind"] != "ServiceAccount" or o["metadata"]["name"] == account]
 
 
 def create(api: Any, obj: dict[str, Any]) -> bool:
@@ -72,6 +77,10 @@ def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
                 rbac.delete_cluster_role_binding(name)
             elif kind == "ClusterRole":
                 rbac.delete_cluster_role(name)
+            elif kind == "RoleBinding":
+                rbac.delete_namespaced_role_binding(name, obj["metadata"]["namespace"])
+            elif kind == "Role":
+                rbac.delete_namespaced_role(name, obj["metadata"]["namespace"])
             elif kind == "ServiceAccount":
                 core.delete_namespaced_service_account(name, obj["metadata"]["namespace"])
             elif kind == "Namespace":
@@ -84,25 +93,29 @@ def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
 
 
 def service_account_kubeconfig(
-    plane: ControlPlane, directory: Path, created: list[dict[str, Any]], components: tuple[str, ...] = ()
+    plane: ControlPlane,
+    directory: Path,
+    created: list[dict[str, Any]],
+    components: tuple[str, ...] = (),
+    account: str = SA_NAME,
 ) -> Path:
     """Apply the rendered RBAC with ``components`` (what was new is appended to ``created``); a
-    kubeconfig with a token of the webhook's ServiceAccount."""
+    kubeconfig with a token of the ServiceAccount ``account`` (the webhook's by default)."""
     from kubernetes import client
 
     with plane.api_client() as api:
-        for obj in rendered_rbac(directory, components):
+        for obj in rendered_rbac(directory, components, account):
             if create(api, obj):
                 created.append(obj)
-        plane.wait_for_service_account(SA_NAMESPACE, SA_NAME)
+        plane.wait_for_service_account(SA_NAMESPACE, account)
         token = (
             client.CoreV1Api(api)
             .create_namespaced_service_account_token(
-                SA_NAME, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
+                account, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
             )
             .status.token
         )
-    path = directory / "castslice.kubeconfig"
+    path = directory / f"{account}.kubeconfig"
     path.write_text(
         json.dumps(
             {
@@ -114,8 +127,8 @@ def service_account_kubeconfig(
                         "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
                     }
                 ],
-                "users": [{"name": SA_NAME, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": SA_NAME}}],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
                 "current-context": "e2e",
             }
         )

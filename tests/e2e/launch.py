@@ -1,6 +1,7 @@
 """What the end-to-end tests start beside the control plane: ``castslice serve`` with TLS on
-loopback, exactly as the Deployment overlay runs it; a broker stand-in that records the CloudEvents
-the webhook sends; and the project's own webhook configurations pointed at the local server."""
+loopback, exactly as the Deployment overlay runs it; ``castslice control``; a broker stand-in that
+records the CloudEvents they send; and the project's own webhook configurations pointed at the
+local server."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import copy
 import http.server
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -155,6 +157,72 @@ class ServedWebhook:
 
     def stop(self) -> None:
         kill_group(self.process, timeout=15)
+
+
+# -- the controller ----------------------------------------------------------------------------
+class ServedController:
+    """``castslice control`` with ``config``, leading through a Lease in ``lease_namespace``, as
+    the admin or, with ``kubeconfig``, as that kubeconfig's user; ``extra`` arguments (faster
+    election timings)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        name: str,
+        config: Path,
+        sink: str,
+        lease_namespace: str,
+        *,
+        kubeconfig: Path | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.port = free_port()
+        self.log_path = plane.workdir / f"castslice-control-{name}.log"
+        env = {
+            **os.environ,
+            "CASTSLICE_CONFIG": str(config),
+            "KUBECONFIG": str(kubeconfig or plane.kubeconfig),
+            "HOME": str(plane.workdir),
+            "K_SINK": sink,
+        }
+        command = [CASTSLICE, "control", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--lease-namespace", lease_namespace, "--identity", name, *extra]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=PREEXEC,
+            )
+
+    def metric(self, name: str) -> float | None:
+        """A sample of /metrics (the first with that name), or None when the process does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def leading(self) -> bool:
+        return self.metric("castslice_control_is_leader") == 1.0
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                kill_group(self.process)
 
 
 def pointed_at(

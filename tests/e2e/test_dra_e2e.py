@@ -5,10 +5,13 @@ hand-written ResourceSlices (controlplane.py: two GPUs of 8 shares on each GPU N
 without ``extendedResourceName``), and kwok runs the Pod. Nothing prepares a device (no driver):
 this proves admission, claim creation, allocation, binding and clean-up.
 
-The webhooks run as the webhook's rendered identity (knative/components/dra): a server that could
-not list and watch the templates with it would never become ready. Three configurations share the
-apiserver, each for the namespaces labelled for it: ``deny`` (the defaults: a missing template is
-denied), ``warn`` (``missingTemplate: warn``) and ``shadow`` (``mode: shadow``).
+``castslice control`` keeps the templates in the GPU namespaces (those labelled
+castslice-dra-e2e-gpu=true here). Each process runs as its rendered identity: the webhooks with
+knative/components/dra, the controller with components/controller and dra-controller; a webhook
+that could not list and watch the templates would never become ready, a controller that could not
+write them would never create one. Three webhook configurations share the apiserver, each for the
+namespaces labelled for it: ``deny`` (the defaults: a missing template is denied), ``warn``
+(``missingTemplate: warn``) and ``shadow`` (``mode: shadow``).
 """
 
 from __future__ import annotations
@@ -25,33 +28,48 @@ import yaml
 
 from function.contract import DEFAULT_EXCLUDED_NAMESPACES
 from function.core.config import parse_config
-from function.core.dra import templates
+from function.core.dra import MANAGED_BY_LABEL, STALE_SINCE_ANNOTATION, templates
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import DRA_SHARES, GPU_NODE, ControlPlane
-from .identity import delete_created, service_account_kubeconfig
-from .launch import CASTSLICE, EventLog, ServedWebhook, pointed_at, start_event_sink
+from .identity import CONTROL_SA_NAME, SA_NAMESPACE, delete_created, service_account_kubeconfig
+from .launch import CASTSLICE, EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
 
 pytestmark = pytest.mark.e2e
 
 ROUTE = "castslice-dra-e2e"
 """Namespaces labelled castslice-dra-e2e=<server> reach that server; unlabelled ones none of ours."""
+GPU_LABEL = "castslice-dra-e2e-gpu"
+"""The GPU namespaces: the controller keeps templates in those labelled castslice-dra-e2e-gpu=true."""
 NS = "e2e-dra"
-EMPTY_NS = "e2e-dra-empty"  # routed to the deny server; never gets templates
+EMPTY_NS = "e2e-dra-empty"  # routed to the deny server; no GPU label, so no templates
 EXCLUDED_NS = "e2e-dra-excluded"  # routed to the deny server, which lists it in excludedNamespaces
-WARN_NS = "e2e-dra-warn"
+WARN_NS = "e2e-dra-warn"  # routed to the warn server; labelled a GPU namespace by its test
 SHADOW_NS = "e2e-dra-shadow"
-DRA: dict[str, Any] = {"gpuSlicing": {"backend": "dra"}}
+GITOPS_NS = "e2e-dra-gitops"  # routed to the deny server; templates applied from castslice dra templates
+NAMESPACES = {
+    NS: ("deny", True),
+    EMPTY_NS: ("deny", False),
+    EXCLUDED_NS: ("deny", False),
+    WARN_NS: ("warn", False),
+    SHADOW_NS: ("shadow", True),
+    GITOPS_NS: ("deny", False),
+}
+SLICING: dict[str, Any] = {
+    "backend": "dra",
+    "dra": {"namespaceSelector": {"matchLabels": {GPU_LABEL: "true"}}, "staleTemplateSeconds": 2},
+}
+DRA: dict[str, Any] = {"gpuSlicing": SLICING}
 SERVERS: dict[str, dict[str, Any]] = {
     "deny": {**DRA, "excludedNamespaces": [*DEFAULT_EXCLUDED_NAMESPACES, EXCLUDED_NS]},
-    "warn": {"gpuSlicing": {"backend": "dra", "dra": {"missingTemplate": "warn"}}},
-    "shadow": {"gpuSlicing": {"backend": "dra", "mode": "shadow"}},
+    "warn": {"gpuSlicing": {**SLICING, "dra": {**SLICING["dra"], "missingTemplate": "warn"}}},
+    "shadow": {"gpuSlicing": {**SLICING, "mode": "shadow"}},
 }
-NAMESPACES = {NS: "deny", EMPTY_NS: "deny", EXCLUDED_NS: "deny", WARN_NS: "warn", SHADOW_NS: "shadow"}
 TEMPLATES = {t.slices: t.name for t in templates(parse_config(DRA).section("gpuSlicing").dra)}
 OPTED_IN = {"castops.io/optimize": "true"}
 GPU = {"nvidia.com/gpu": "1"}
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims"
+TEMPLATES_PATH = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates"
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
@@ -85,6 +103,28 @@ def apply_rendered_templates(plane: ControlPlane, namespace: str) -> None:
             )
 
 
+def templates_in(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
+    """The namespace's templates by name."""
+    items = plane.get_json(TEMPLATES_PATH.format(namespace))["items"]
+    return {t["metadata"]["name"]: t for t in items}
+
+
+def has_every_template(plane: ControlPlane, namespace: str, names: set[str]) -> bool:
+    return names <= set(templates_in(plane, namespace))
+
+
+def start_controller(cluster: dict[str, Any], config: dict[str, Any], name: str) -> ServedController:
+    plane: ControlPlane = cluster["plane"]
+    path = plane.workdir / f"castslice-control-{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    controller = ServedController(
+        plane, name, path, cluster["sink"], SA_NAMESPACE, kubeconfig=cluster["control_kubeconfig"]
+    )
+    cluster["controller"] = controller
+    eventually(controller.leading, 60, f"controller {name} leading")
+    return controller
+
+
 @pytest.fixture(scope="module")
 def cluster(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
@@ -98,37 +138,53 @@ def cluster(
     core = client.CoreV1Api(api)
     registration = client.AdmissionregistrationV1Api(api)
     servers: dict[str, ServedWebhook] = {}
+    state: dict[str, Any] = {
+        "plane": control_plane,
+        "api": api,
+        "core": core,
+        "apps": client.AppsV1Api(api),
+        "registration": registration,
+        "events": events,
+        "sink": sink_url,
+        "servers": servers,
+    }
     try:
-        kubeconfig = service_account_kubeconfig(
-            control_plane, tmp_path_factory.mktemp("dra-identity"), created, ("dra",)
+        identities = tmp_path_factory.mktemp("dra-identity")
+        state["kubeconfig"] = service_account_kubeconfig(control_plane, identities, created, ("dra",))
+        state["control_kubeconfig"] = service_account_kubeconfig(
+            control_plane, identities, created, ("controller", "dra-controller"), CONTROL_SA_NAME
         )
         # One after another: a server started from another thread would die with that thread
         # (controlplane.PREEXEC's parent-death signal follows the thread that forked it).
         for name, config in SERVERS.items():
             servers[name] = ServedWebhook(
-                control_plane, f"dra-{name}", config, sink_url, kubeconfig=kubeconfig
+                control_plane, f"dra-{name}", config, sink_url, kubeconfig=state["kubeconfig"]
             )
-        rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
+        state["webhook"] = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
         ca = control_plane.ca_cert.read_bytes()
         for name, server in servers.items():
             route = {"key": ROUTE, "operator": "In", "values": [name]}
             registration.create_mutating_webhook_configuration(
-                pointed_at(rendered, f"e2e-dra-{name}", server.url, ca, route)
+                pointed_at(state["webhook"], f"e2e-dra-{name}", server.url, ca, route)
             )
-        for namespace, route in NAMESPACES.items():
-            control_plane.create_namespace(namespace, labels={ROUTE: route})
+        for namespace, (route, gpu) in NAMESPACES.items():
+            labels = {ROUTE: route, **({GPU_LABEL: "true"} if gpu else {})}
+            control_plane.create_namespace(namespace, labels=labels)
+        start_controller(state, DRA, "dra")
         for namespace in (NS, SHADOW_NS):
-            apply_rendered_templates(control_plane, namespace)
+            eventually(
+                lambda namespace=namespace: has_every_template(
+                    control_plane, namespace, set(TEMPLATES.values())
+                ),
+                60,
+                f"the controller's templates in {namespace}",
+            )
         _wait_webhooks_active(core, servers)
-        yield {
-            "plane": control_plane,
-            "api": api,
-            "core": core,
-            "apps": client.AppsV1Api(api),
-            "events": events,
-        }
+        yield state
     finally:
-        for name in servers:
+        if "controller" in state:
+            state["controller"].stop()
+        for name in SERVERS:
             registration.delete_mutating_webhook_configuration(f"e2e-dra-{name}")
         for server in servers.values():
             server.stop()
@@ -418,7 +474,7 @@ def test_a_missing_template_is_denied_naming_it(cluster: dict[str, Any]) -> None
     assert f"ResourceClaimTemplate {TEMPLATES[2]} (2 slices) is missing in namespace {EMPTY_NS}" in message
 
 
-def test_with_warn_a_pod_whose_template_is_missing_waits_and_runs_once_it_exists(
+def test_with_warn_a_pod_whose_template_is_missing_waits_and_runs_once_the_controller_makes_it(
     cluster: dict[str, Any],
 ) -> None:
     plane: ControlPlane = cluster["plane"]
@@ -427,11 +483,45 @@ def test_with_warn_a_pod_whose_template_is_missing_waits_and_runs_once_it_exists
     assert any(f"ResourceClaimTemplate {TEMPLATES[2]} missing" in w for w in warnings), warnings
     time.sleep(2)
     assert stored(cluster, WARN_NS, "waits")["status"].get("phase") == "Pending"
-    apply_rendered_templates(plane, WARN_NS)
+    # It becomes a GPU namespace: the controller makes its templates, the Pod's claim follows.
+    cluster["core"].patch_namespace(WARN_NS, {"metadata": {"labels": {GPU_LABEL: "true"}}})
     started = time.monotonic()
     plane.wait_for_pod(WARN_NS, "waits")
-    print(f"\n[dra e2e] Pending Pod Running {time.monotonic() - started:.2f}s after its template appeared")
+    took = time.monotonic() - started
+    print(f"\n[dra e2e] Pending Pod Running {took:.2f}s after its namespace became a GPU one")
     delete_pods(cluster, WARN_NS, "waits")
+
+
+def test_the_controller_gives_a_new_gpu_namespace_its_templates(cluster: dict[str, Any]) -> None:
+    plane: ControlPlane = cluster["plane"]
+    started = time.monotonic()
+    plane.create_namespace("e2e-dra-new", labels={GPU_LABEL: "true"})
+    eventually(lambda: has_every_template(plane, "e2e-dra-new", set(TEMPLATES.values())), 60, "8 templates")
+    took = time.monotonic() - started
+    print(f"\n[dra e2e] a new GPU namespace had its 8 templates {took:.2f}s after it was created")
+    made = templates_in(plane, "e2e-dra-new")
+    assert set(made) == set(TEMPLATES.values())
+    assert all(t["metadata"]["labels"][MANAGED_BY_LABEL] == "castslice" for t in made.values())
+    # Not a GPU namespace: none.
+    assert templates_in(plane, EMPTY_NS) == {}
+
+
+def test_templates_applied_through_gitops_serve_pods_and_the_controller_leaves_them_alone(
+    cluster: dict[str, Any],
+) -> None:
+    plane: ControlPlane = cluster["plane"]
+    apply_rendered_templates(plane, GITOPS_NS)
+    versions = {name: t["metadata"]["resourceVersion"] for name, t in templates_in(plane, GITOPS_NS).items()}
+    assert set(versions) == set(TEMPLATES.values())
+    create(cluster, GITOPS_NS, pod("gitops", {**OPTED_IN, "castops.io/slice-ratio": "2"}))
+    plane.wait_for_pod(GITOPS_NS, "gitops")
+    delete_pods(cluster, GITOPS_NS, "gitops")
+    # Even once it is a GPU namespace, the controller finds them present and writes nothing.
+    cluster["core"].patch_namespace(GITOPS_NS, {"metadata": {"labels": {GPU_LABEL: "true"}}})
+    time.sleep(3)
+    after = templates_in(plane, GITOPS_NS)
+    assert {name: t["metadata"]["resourceVersion"] for name, t in after.items()} == versions
+    assert all(MANAGED_BY_LABEL not in t["metadata"]["labels"] for t in after.values())
 
 
 def test_a_dry_run_creates_no_claim_and_no_event(cluster: dict[str, Any]) -> None:
@@ -479,3 +569,79 @@ def test_shadow_mode_records_the_claim_it_would_have_added(cluster: dict[str, An
     assert decided["action"] == "mutated"
     assert f"claim castslice-gpu from ResourceClaimTemplate {TEMPLATES[1]}" in decided["reason"]
     cluster["core"].delete_namespaced_pod("shadow-event", SHADOW_NS, grace_period_seconds=0)
+
+
+def test_zz_a_configuration_change_replaces_the_templates_without_disturbing_running_pods(
+    cluster: dict[str, Any],
+) -> None:
+    """Last: the controller and the deny webhook move to a configuration whose templates carry a
+    driver configuration (new specs, so new names), as a rollout of a changed ConfigMap does."""
+    plane: ControlPlane = cluster["plane"]
+    create(cluster, NS, pod("steady", {**OPTED_IN, "castops.io/slice-ratio": "2"}))
+    before = plane.wait_for_pod(NS, "steady")
+    claim = claim_of(cluster, NS, "steady")
+
+    changed_slicing = {
+        **SLICING,
+        "dra": {
+            **SLICING["dra"],
+            "config": {"driver": "gpu.nvidia.com", "parameters": {"sharing": {"strategy": "TimeSlicing"}}},
+        },
+    }
+    changed = {"gpuSlicing": changed_slicing}
+    new_names = {t.slices: t.name for t in templates(parse_config(changed).section("gpuSlicing").dra)}
+    assert not set(new_names.values()) & set(TEMPLATES.values())
+    cluster["controller"].stop()
+    start_controller(cluster, changed, "dra-changed")
+    eventually(lambda: has_every_template(plane, NS, set(new_names.values())), 60, "the new templates")
+    # The old ones: marked stale, then gone after staleTemplateSeconds (2 s here).
+    eventually(
+        lambda: not set(TEMPLATES.values()) & set(templates_in(plane, NS)), 60, "the old templates gone"
+    )
+    # ... and the user's own template (test_the_pods_own_claims_are_kept) untouched.
+    assert set(templates_in(plane, NS)) == {*new_names.values(), "one-share"}
+    assert all(
+        STALE_SINCE_ANNOTATION not in (t["metadata"].get("annotations") or {})
+        for t in templates_in(plane, NS).values()
+    )
+
+    # The running Pod: same node, same claim, same allocation.
+    now = stored(cluster, NS, "steady")
+    assert now["status"]["phase"] == "Running"
+    assert now["spec"]["nodeName"] == before["spec"]["nodeName"]
+    assert claim_of(cluster, NS, "steady")["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert claim_of(cluster, NS, "steady")["status"]["allocation"] == claim["status"]["allocation"]
+
+    # The deny webhook rolls to the new configuration: new Pods get the new templates.
+    servers: dict[str, ServedWebhook] = cluster["servers"]
+    servers["deny"].stop()
+    servers["deny"] = ServedWebhook(
+        plane,
+        "dra-deny-changed",
+        {**changed, "excludedNamespaces": SERVERS["deny"]["excludedNamespaces"]},
+        cluster["sink"],
+        kubeconfig=cluster["kubeconfig"],
+    )
+    route = {"key": ROUTE, "operator": "In", "values": ["deny"]}
+    registration = cluster["registration"]
+    moved = pointed_at(
+        cluster["webhook"], "e2e-dra-deny", servers["deny"].url, plane.ca_cert.read_bytes(), route
+    )
+    version = registration.read_mutating_webhook_configuration("e2e-dra-deny").metadata.resource_version
+    moved["metadata"]["resourceVersion"] = version
+    registration.replace_mutating_webhook_configuration("e2e-dra-deny", moved)
+
+    def new_name_given() -> bool:
+        dry = cluster["core"].create_namespaced_pod(NS, pod("probe", OPTED_IN), dry_run="All")
+        return (
+            bool(dry.spec.resource_claims)
+            and dry.spec.resource_claims[0].resource_claim_template_name == new_names[1]
+        )
+
+    eventually(new_name_given, 30, "the deny webhook on the new configuration")
+    created, _ = create(cluster, NS, pod("after", {**OPTED_IN, "castops.io/slice-ratio": "2"}))
+    assert created["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == new_names[2]
+    plane.wait_for_pod(NS, "after")
+    (config,) = claim_of(cluster, NS, "after")["status"]["allocation"]["devices"]["config"]
+    assert config["opaque"]["parameters"] == {"sharing": {"strategy": "TimeSlicing"}}
+    delete_pods(cluster, NS, "steady", "after")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -26,8 +25,8 @@ import yaml
 
 from tests.manifests_support import KNATIVE_DIR, one, render
 
-from .controlplane import PREEXEC, ControlPlane, FakeNode, free_port, kill_group, node_manifest
-from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .controlplane import ControlPlane, FakeNode, node_manifest
+from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
 from .support import kubectl, restart_apiserver
 from .test_spot_e2e import RoundRobinProxy
 
@@ -95,64 +94,9 @@ def stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class Controller:
-    """`castslice control` as a process, with the admin kubeconfig."""
-
-    def __init__(self, plane: ControlPlane, name: str, config: Path, sink: str) -> None:
-        self.name = name
-        self.port = free_port()
-        self.log_path = plane.workdir / f"castslice-control-{name}.log"
-        env = {
-            **os.environ,
-            "CASTSLICE_CONFIG": str(config),
-            "KUBECONFIG": str(plane.kubeconfig),
-            "HOME": str(plane.workdir),
-            "K_SINK": sink,
-        }
-        command = [
-            CASTSLICE,
-            "control",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--lease-namespace",
-            SYSTEM,
-            "--identity",
-            name,
-            *FAST_ELECTION,
-        ]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=PREEXEC,
-            )
-
-    def metric(self, name: str) -> float | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return None
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
-    def leading(self) -> bool:
-        return self.metric("castslice_control_is_leader") == 1.0
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                kill_group(self.process)
+def controller_process(plane: ControlPlane, name: str, config: Path, sink: str) -> ServedController:
+    """`castslice control` as a process, with the admin kubeconfig and fast election timings."""
+    return ServedController(plane, name, config, sink, SYSTEM, extra=tuple(FAST_ELECTION))
 
 
 def holder(plane: ControlPlane) -> str:
@@ -204,7 +148,7 @@ def leases(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     config_path = plane.workdir / "castslice-control.yaml"
     config_path.write_text(yaml.safe_dump(CONFIG))
     controllers = {
-        name: Controller(plane, name, config_path, sink_url) for name in ("control-a", "control-b")
+        name: controller_process(plane, name, config_path, sink_url) for name in ("control-a", "control-b")
     }
     eventually(lambda: holder(plane) in controllers, 60, "a controller leading")
     state = {
@@ -569,7 +513,9 @@ def test_delete_releases_through_the_finalizer_even_with_the_leader_killed_mid_d
 def restart(state: dict[str, Any], name: str) -> None:
     """A new process in place of ``name`` (same identity, as a StatefulSet Pod would come back),
     waited for until its election loop runs: a loaded machine takes seconds to start Python."""
-    controller = state["controllers"][name] = Controller(state["plane"], name, state["config"], state["sink"])
+    controller = state["controllers"][name] = controller_process(
+        state["plane"], name, state["config"], state["sink"]
+    )
 
     def healthy() -> bool:
         try:
