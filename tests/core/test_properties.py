@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from function.admission.review import Admission
 from function.core.config import Config, parse_config
 from function.core.engine import Engine
-from function.core.rules import extended_resource_violations
+from function.core.rules import pod_violations
 from function.serve.http_api import WebhookHttp
 
 CONFIGS = {
@@ -45,7 +45,25 @@ CONFIGS = {
     "vgpu-only": parse_config(
         {"gpuSlicing": {"enabled": False}, "vgpu": {"enabled": True, "forceSchedulerName": True}}
     ),
+    # The dra backend: a Pod-level claim and container references, beside the Pod's own claims.
+    "dra": parse_config({"excludedNamespaces": [], "gpuSlicing": {"backend": "dra"}}),
+    "dra-vgpu-warn": parse_config(
+        {
+            "invalidAnnotations": "warn",
+            "gpuSlicing": {"backend": "dra", "dra": {"missingTemplate": "warn"}},
+            "vgpu": {"enabled": True, "overwriteEnv": True},
+        }
+    ),
 }
+OWN_CLAIMS = st.sampled_from(
+    [
+        None,
+        [{"name": "own", "resourceClaimTemplateName": "fast-disk"}],
+        [{"name": "castslice-gpu", "resourceClaimName": "taken"}],
+        [{"name": "own", "resourceClaimName": "a", "resourceClaimTemplateName": "b"}],  # already invalid
+        "not-a-list",
+    ]
+)
 
 EXTENDED = ["nvidia.com/gpu", "nvidia.com/gpu-shared", "nvidia.com/gpu.shared", "example.com/fpga"]
 VGPU = ["nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores", "nvidia.com/priority"]
@@ -129,6 +147,12 @@ def pods(draw: Any) -> dict[str, Any]:
             spec[kind] = listed
     if draw(st.integers(0, 6)) == 0:
         spec["nodeName"] = "node-1"
+    own = draw(OWN_CLAIMS)
+    if own is not None:
+        spec["resourceClaims"] = own
+        first = spec["containers"][0] if spec["containers"] else None
+        if first is not None and isinstance(first.get("resources"), dict) and draw(st.booleans()):
+            first["resources"]["claims"] = [{"name": "own"}]
     metadata: dict[str, Any] = {
         "generateName": "p-",
         "namespace": "ns",
@@ -205,7 +229,7 @@ def test_any_pod_gets_a_valid_reply_whose_patch_applies_obeys_the_rules_and_is_i
     assert operations and all(op["op"] in ("add", "remove", "replace") for op in operations)
     mutated = jsonpatch.JsonPatch(operations).apply(pod, in_place=False)
 
-    introduced = extended_resource_violations(mutated) - extended_resource_violations(pod)
+    introduced = pod_violations(mutated) - pod_violations(pod)
     assert not introduced
 
     # Reinvocation: the webhook sees its own output again and must change nothing.
