@@ -60,6 +60,8 @@ CLUSTER_VIEW_NAMESPACES = KNATIVE_DIR / "components" / "cluster-view-namespaces"
 CONTROLLER = KNATIVE_DIR / "components" / "controller"
 GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
 DRA = KNATIVE_DIR / "components" / "dra"
+# The controller's RBAC for the dra backend's templates (tests/deploy/test_dra_manifests.py).
+DRA_CONTROLLER = KNATIVE_DIR / "components" / "dra-controller"
 # PodMutation policies (CRD, validating webhook, RBAC) and the RBAC to read CAST AI's objects.
 PODMUTATION_COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
@@ -163,6 +165,7 @@ def test_layout_is_a_base_four_overlays_and_the_components():
             CONTROLLER,
             GPU_LEASES,
             DRA,
+            DRA_CONTROLLER,
             *PODMUTATION_COMPONENTS,
         )
     )
