@@ -492,7 +492,11 @@ def test_with_warn_a_pod_whose_template_is_missing_waits_and_runs_once_the_contr
     delete_pods(cluster, WARN_NS, "waits")
 
 
-def test_the_controller_gives_a_new_gpu_namespace_its_templates(cluster: dict[str, Any]) -> None:
+def test_the_controller_gives_a_new_gpu_namespace_its_templates_and_recreates_a_deleted_one(
+    cluster: dict[str, Any],
+) -> None:
+    from kubernetes import client
+
     plane: ControlPlane = cluster["plane"]
     started = time.monotonic()
     plane.create_namespace("e2e-dra-new", labels={GPU_LABEL: "true"})
@@ -502,6 +506,16 @@ def test_the_controller_gives_a_new_gpu_namespace_its_templates(cluster: dict[st
     made = templates_in(plane, "e2e-dra-new")
     assert set(made) == set(TEMPLATES.values())
     assert all(t["metadata"]["labels"][MANAGED_BY_LABEL] == "castslice" for t in made.values())
+    # One deleted by hand comes back (a new object: the spec is the same, so the name is).
+    client.CustomObjectsApi(cluster["api"]).delete_namespaced_custom_object(
+        "resource.k8s.io", "v1", "e2e-dra-new", "resourceclaimtemplates", TEMPLATES[4]
+    )
+
+    def recreated() -> bool:
+        again = templates_in(plane, "e2e-dra-new").get(TEMPLATES[4])
+        return again is not None and again["metadata"]["uid"] != made[TEMPLATES[4]]["metadata"]["uid"]
+
+    eventually(recreated, 60, "the deleted template recreated")
     # Not a GPU namespace: none.
     assert templates_in(plane, EMPTY_NS) == {}
 
