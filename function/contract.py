@@ -45,6 +45,11 @@ SHUTDOWN_PICKUP_SECONDS: Final = 0.2
 SHUTDOWN_LINGER_SECONDS: Final = 2.0
 """After the FIN that ends a connection (at shutdown, or after a 408/431), how long the client's
 late bytes are read and dropped before the socket closes: closing with bytes unread would reset."""
+SHUTDOWN_DRAIN_SECONDS: Final = 5.0
+"""After SIGTERM, how long ``castslice serve`` keeps accepting and answering (``/readyz`` 503, every
+reply ``connection: close``) before it stops accepting: the Service keeps sending new connections to
+a terminating Pod until the endpoint change reaches every node. ``CASTSLICE_DRAIN_SECONDS`` sets it."""
+DRAIN_SECONDS_ENV: Final = "CASTSLICE_DRAIN_SECONDS"
 MAX_JSON_DEPTH: Final = 254
 """Deepest nesting of arrays and objects in a request body (the whole AdmissionReview); deeper is
 a 400. A real Pod is about 20 levels deep. 254 is the depth orjson's encoder can write, so every

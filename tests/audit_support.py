@@ -37,6 +37,7 @@ from function.admission.facts import audit_facts
 from function.admission.review import Admission
 from function.admission.wire import parse_review
 from function.audit.events import build_event
+from function.contract import DRAIN_SECONDS_ENV
 from function.core.config import Config
 from function.core.engine import Engine
 from tests.support import load_review
@@ -195,7 +196,9 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stdout_path = tmp / f"{target}-{self.port}.stdout"
         self.stderr_path = tmp / f"{target}-{self.port}.stderr"
-        full_env = {**os.environ, "HOME": str(tmp), "WORKERS": "1", **(env or {})}
+        # No drain after SIGTERM unless a test asks for one (tests/serve/test_draining.py): the
+        # audit tests time the shutdown after it.
+        full_env = {**os.environ, "HOME": str(tmp), "WORKERS": "1", DRAIN_SECONDS_ENV: "0", **(env or {})}
         for key in ("K_SINK", "K_CE_OVERRIDES", "DAPR_HTTP_PORT"):
             if env is None or key not in env:
                 full_env.pop(key, None)

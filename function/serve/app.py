@@ -23,6 +23,7 @@ from function.config_file import load_config
 from function.core.config import Config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
+from function.serve.draining import DRAINING
 from function.serve.http_api import HttpReply, WebhookHttp, problem
 from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
 from function.serve.offload import LargeReviews
@@ -114,8 +115,8 @@ def build_webhook_and_recorder(
 
     def ready() -> bool:
         # Not ready until every watch an enabled mutator needs has listed once: a decision over a
-        # half-known cluster would be a guess.
-        return recorder.ready() and (watcher is None or watcher.synced())
+        # half-known cluster would be a guess. Not ready either once draining after SIGTERM.
+        return recorder.ready() and not DRAINING.is_set() and (watcher is None or watcher.synced())
 
     offload = LargeReviews(config) if large_reviews else None
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)

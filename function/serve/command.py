@@ -4,6 +4,7 @@ server, with the TLS options its own CLI lacks."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from function.config_file import load_config, load_config_file
 from function.contract import LARGE_REVIEWS_ENV
 from function.core.config import ConfigError, watches_for
+from function.serve.draining import drain_seconds
 
 TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 """What ``--target`` may name: functions-framework targets in function/func.py."""
@@ -31,6 +33,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    try:
+        drain = drain_seconds()  # read again by each worker at SIGTERM (function/serve/draining.py)
+    except ValueError as error:
+        print(f"castslice serve: {error}", file=sys.stderr)
+        return 2
     from function.serve.asgi import serving_app
 
     # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
@@ -44,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
     # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
     options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
+    # gunicorn kills workers still running this long after SIGTERM: the drain, then its own 30 s.
+    options["graceful_timeout"] = math.ceil(drain) + 30  # gunicorn takes whole seconds
     if args.tls_cert:
         from function.serve.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

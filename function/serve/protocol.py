@@ -24,12 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
+import time
 from collections.abc import Iterable
+from types import FrameType
 from typing import Any
 
 import uvicorn
+from gunicorn.arbiter import Arbiter
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from function.contract import (
@@ -41,6 +48,7 @@ from function.contract import (
     SHUTDOWN_LINGER_SECONDS,
     SHUTDOWN_PICKUP_SECONDS,
 )
+from function.serve.draining import DRAINING, drain_seconds
 from function.serve.http_api import INTERNAL_ERROR, HttpReply, ReviewHandler, is_review, problem
 
 log = logging.getLogger("castslice.server")
@@ -166,8 +174,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_headers = False
         self._arm_read_timer(BODY_READ_SECONDS, BODY_TOO_SLOW, "body")
         super().on_headers_complete()
-        if self._shutting_down and self.cycle is not None:
-            self.cycle.keep_alive = False  # answered with "connection: close", then closed
+        if (self._shutting_down or DRAINING.is_set()) and self.cycle is not None:
+            # Answered with "connection: close", then closed: while draining, the client's next
+            # connection goes to a replica that stays (function/serve/draining.py).
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
@@ -306,11 +316,54 @@ class _Refused(Exception):
     """Stops httptools' parser from inside a callback once the connection is refused."""
 
 
+class DrainingServer(Server):
+    """uvicorn's server, which at SIGTERM first drains for ``drain`` seconds (function/serve/draining.py):
+    still accepting and answering, not ready, every reply ``connection: close``; then uvicorn's own
+    graceful shutdown. Another SIGTERM meanwhile changes nothing; SIGINT and SIGQUIT stop at once."""
+
+    def __init__(self, config: Config, drain: float) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.drain_until: float | None = None
+        self._drain_logged = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self.drain <= 0 or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        if self.drain_until is None:
+            # Re-raised after the shutdown, as uvicorn does with the signals it handles.
+            self._captured_signals.append(sig)
+            self.drain_until = time.monotonic() + self.drain
+            DRAINING.set()
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and not self.should_exit:
+            if not self._drain_logged:  # not from the signal handler: logging takes locks
+                self._drain_logged = True
+                log.info(
+                    "SIGTERM: draining for %g s (not ready, connection: close), then stopping", self.drain
+                )
+            if time.monotonic() >= self.drain_until:
+                log.info("drained: no longer accepting connections")
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
 class CastSliceWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker ships no types
-    """uvicorn's gunicorn worker, on the hardened protocol (uvloop when installed)."""
+    """uvicorn's gunicorn worker, on the hardened protocol (uvloop when installed), draining at SIGTERM."""
 
     CONFIG_KWARGS: dict[str, Any] = {  # noqa: RUF012 - the base class declares it so
         "loop": "auto",
         "http": HardenedHttpToolsProtocol,
         "timeout_keep_alive": IDLE_KEEPALIVE_SECONDS,
     }
+
+    async def _serve(self) -> None:
+        # UvicornWorker._serve with the draining server (castslice serve checked the setting).
+        self.config.app = self.wsgi
+        server = DrainingServer(self.config, drain_seconds())
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)

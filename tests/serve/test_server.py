@@ -296,6 +296,7 @@ def test_the_http_doc_documents_the_values_in_force() -> None:
         "HEADER_READ_SECONDS": f"{contract.HEADER_READ_SECONDS:g} s",
         "BODY_READ_SECONDS": f"{contract.BODY_READ_SECONDS:g} s",
         "IDLE_KEEPALIVE_SECONDS": f"{contract.IDLE_KEEPALIVE_SECONDS:g} s",
+        "SHUTDOWN_DRAIN_SECONDS": f"{contract.SHUTDOWN_DRAIN_SECONDS:g} s",
         "SHUTDOWN_PICKUP_SECONDS": f"{contract.SHUTDOWN_PICKUP_SECONDS:g} s",
         "SHUTDOWN_LINGER_SECONDS": f"{contract.SHUTDOWN_LINGER_SECONDS:g} s",
         "LARGE_BODY_BYTES": f"{contract.LARGE_BODY_BYTES // 1024} KiB",
