@@ -1,12 +1,18 @@
 """The drift reconciler: every stored Pod judged, continuously, as the webhook would judge it today.
 
-One pass lists the Pods in pages (``limit`` 500 with ``continue``, the apiserver's chunking: memory
-holds one page, whatever the cluster's size), judges each with ``function.core.drift`` over the same
-cluster view the webhook keeps (its watches run in this process too), emits one CloudEvent per Pod
-found, and publishes, at the end of a complete pass only, ``castslice_drift_pods{mutator,namespace}``
-and a one-line summary in the log. A pass that fails half-way publishes nothing (the previous pass
+A pass lists the Pods in pages (``limit`` with ``continue``, the apiserver's chunking: memory holds
+one page, whatever the cluster's size), judges each with ``function.core.drift`` over the same
+cluster view the webhook keeps (the controller runs the same watches), emits one CloudEvent per Pod
+found, and at the end of a complete pass publishes ``castslice_drift_pods{mutator,namespace}`` and
+logs a one-line summary. A pass whose list fails half-way publishes nothing (the previous pass
 stands) and counts as failed. Pods in namespaces labelled ``castops.io/webhook: ignore`` (the view
 watches Namespaces for it) are not judged: the registration never sends them to the webhook.
+
+Under ``castslice control`` (function/control/reconcilers/drift.py) each reconcile reads one page
+and requeues itself at once until the pass is done, then after ``drift.intervalSeconds``: a replica
+that stops leading stops within a page. Only the leader passes, so a replica's figures are shown
+while they are fresh (two intervals): after a handover the old leader's go away and the new one's
+come; in between both may show theirs (alert on ``max``, not ``sum``).
 
 It decides nothing and writes nothing to the cluster: finding a Pod is the whole job (fixing it
 means re-creating it, which its owner decides).
@@ -14,111 +20,48 @@ means re-creating it, which its owner decides).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from cloudevents.http import CloudEvent
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from urllib3.exceptions import HTTPError
 
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
+from function.control.kube import Api
+from function.control.reconciler import DONE, Context, Permission, Requeue
 from function.core.config import Config, watches_for
 from function.core.drift import Finding, Tally, findings
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, NamespaceRecord
-from function.core.view import POD_FIELD_SELECTOR, ClusterView, WatchSpec, merge_specs
-from function.serve.watch import PAGE_SIZE, Transport
+from function.core.view import POD_FIELD_SELECTOR, ClusterView, Record, WatchSpec, merge_specs
 
 log = logging.getLogger("castslice.drift")
 
+NAME: Final = "drift"
+PASS_KEY: Final = "pass"
+"""The reconciler's one key: the whole cluster is one pass."""
 EVENT_TYPE: Final = "io.castops.castslice.drift.found.v1"
 """One event per Pod found, per pass. Not an admission decision: the reference consumer's Trigger
 (types io.castops.castslice.admission.*) does not take it; subscribe to this type to collect them."""
 EVENT_SOURCE: Final = "/castslice/controller/drift"
-LIST_ACCEPT: Final = "application/json"
 LIST_TIMEOUT: Final = 60.0
+STALE_SECONDS: Final = 60.0
+"""A pass left this long (leadership lost, regained later) starts over: its continue token would
+have expired, and the cluster moved on."""
+RETRY_SECONDS: Final = 30.0
+"""After a failed list, the next pass starts this soon (not a whole interval later)."""
 
 
 class ListFailed(Exception):
     """A page of the list could not be read: the pass ends, publishing nothing."""
-
-
-class DriftMetrics:
-    """The reconciler's series. One registry of its own (the controller serves it beside others)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.pods = Gauge(
-            "castslice_drift_pods",
-            "Stored Pods the webhook would change today (it did not see them, or the configuration "
-            "changed since), by the mutator that would change them and namespace; the last complete pass.",
-            ["mutator", "namespace"],
-            registry=self.registry,
-        )
-        self.judged = Gauge(
-            "castslice_drift_judged_pods", "Pods judged in the last complete pass.", registry=self.registry
-        )
-        self.passes = Counter(
-            "castslice_drift_passes",
-            "Passes over every stored Pod, by result (complete, failed).",
-            ["result"],
-            registry=self.registry,
-        )
-        for result in ("complete", "failed"):
-            self.passes.labels(result)
-        self.pass_seconds = Gauge(
-            "castslice_drift_pass_seconds", "How long the last complete pass took.", registry=self.registry
-        )
-        self.last_pass = Gauge(
-            "castslice_drift_last_pass_timestamp_seconds",
-            "When the last complete pass ended (Unix time).",
-            registry=self.registry,
-        )
-        self._shown: set[tuple[str, str]] = set()
-
-    def publish(self, tally: Tally, seconds: float, ended: float) -> None:
-        """A complete pass's counts replace the previous pass's: a (mutator, namespace) no longer
-        found goes away rather than staying at its last value."""
-        found = dict(tally.by_mutator_namespace)
-        for gone in self._shown - found.keys():
-            self.pods.remove(*gone)
-        for (mutator, namespace), count in found.items():
-            self.pods.labels(mutator, namespace).set(count)
-        self._shown = set(found)
-        self.judged.set(tally.judged)
-        self.pass_seconds.set(seconds)
-        self.last_pass.set(ended)
-        self.passes.labels("complete").inc()
-
-    def failed(self) -> None:
-        self.passes.labels("failed").inc()
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-def drift_event(finding: Finding, found_at: datetime) -> CloudEvent:
-    """The CloudEvent for one Pod found. Its ``data`` names the Pod and what each mutator would do,
-    never the patch (its values may come from the Pod, and env values can hold secrets)."""
-    mutators = ",".join(finding.mutators)
-    attributes = {
-        "specversion": "1.0",
-        "id": str(uuid.uuid4()),
-        "source": EVENT_SOURCE,
-        "type": EVENT_TYPE,
-        "subject": f"namespaces/{finding.namespace}/pods/{finding.name}",
-        "time": found_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        "datacontenttype": "application/json",
-        # Trigger filters see attributes only.
-        "podnamespace": finding.namespace,
-        "mutators": mutators,
-    }
-    data = {key: value for key, value in finding.as_dict().items() if key != "patch"}
-    return CloudEvent(attributes, data)
 
 
 def drift_watches(config: Config) -> tuple[WatchSpec, ...]:
@@ -136,67 +79,202 @@ def opted_out_in(view: ClusterView) -> frozenset[str]:
     )
 
 
+def drift_event(finding: Finding, found_at: datetime) -> CloudEvent:
+    """The CloudEvent for one Pod found. Its ``data`` names the Pod and what each mutator would do,
+    never the patch (its values may come from the Pod, and env values can hold secrets)."""
+    attributes = {
+        "specversion": "1.0",
+        "id": str(uuid.uuid4()),
+        "source": EVENT_SOURCE,
+        "type": EVENT_TYPE,
+        "subject": f"namespaces/{finding.namespace}/pods/{finding.name}",
+        "time": found_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "datacontenttype": "application/json",
+        # Trigger filters see attributes only.
+        "podnamespace": finding.namespace,
+        "mutators": ",".join(finding.mutators),
+    }
+    data = {key: value for key, value in finding.as_dict().items() if key != "patch"}
+    return CloudEvent(attributes, data)
+
+
+@dataclass(frozen=True)
+class Published:
+    """The last complete pass, as the metrics show it."""
+
+    tally: Tally
+    seconds: float
+    ended: float
+    """Wall-clock time (Unix) the pass ended."""
+    ended_monotonic: float
+
+
+class DriftMetrics(Collector):
+    """``castslice_drift_*``. The figures of the last complete pass are shown while fresh (``fresh_for``
+    seconds after it ended), so a replica that stopped leading stops showing them."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        fresh_for: float = float("inf"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.fresh_for, self.clock = fresh_for, clock
+        self.last: Published | None = None
+        self.passes = Counter(
+            "castslice_drift_passes",
+            "Passes over every stored Pod, by result (complete, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("complete", "failed"):
+            self.passes.labels(result)
+        self.registry.register(self)
+
+    def publish(self, tally: Tally, seconds: float, ended: float) -> None:
+        self.last = Published(tally, seconds, ended, self.clock())
+        self.passes.labels("complete").inc()
+
+    def failed(self) -> None:
+        self.passes.labels("failed").inc()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pods = GaugeMetricFamily(
+            "castslice_drift_pods",
+            "Stored Pods the webhook would change today (it did not see them, or the configuration "
+            "changed since), by the mutator that would change them and namespace; the last complete "
+            "pass, while fresh.",
+            labels=["mutator", "namespace"],
+        )
+        judged = GaugeMetricFamily("castslice_drift_judged_pods", "Pods judged in the last complete pass.")
+        seconds = GaugeMetricFamily("castslice_drift_pass_seconds", "How long the last complete pass took.")
+        ended = GaugeMetricFamily(
+            "castslice_drift_last_pass_timestamp_seconds", "When the last complete pass ended (Unix time)."
+        )
+        last = self.last
+        if last is not None:
+            ended.add_metric([], last.ended)
+            if self.clock() - last.ended_monotonic <= self.fresh_for:
+                for (mutator, namespace), count in sorted(last.tally.by_mutator_namespace.items()):
+                    pods.add_metric([mutator, namespace], count)
+                judged.add_metric([], last.tally.judged)
+                seconds.add_metric([], last.seconds)
+        yield from (pods, judged, seconds, ended)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass
+class _Pass:
+    tally: Tally = field(default_factory=Tally)
+    token: str = ""
+    started: float = 0.0
+    """Wall clock (Unix), for the figures."""
+    began: float = 0.0
+    last_step: float = 0.0
+    """Monotonic clock, for staleness and the duration."""
+
+
 class DriftReconciler:
-    """``run_pass`` judges every stored Pod once; the controller calls it every ``interval`` seconds."""
+    """The reconciler (``function/control/reconciler.py``'s protocol): one key, one page per
+    reconcile. ``run_pass`` does a whole pass at once (tests, and anything outside the runner)."""
+
+    name: str = NAME
+    permissions: tuple[Permission, ...] = (
+        # The paged lists of whole Pods (the view keeps only their metadata): list, never get.
+        Permission("", "pods", ("list",)),
+    )
 
     def __init__(
         self,
         engine: Engine,
-        transport: Transport,
-        view: Callable[[], ClusterView],
+        api: Api,
         emit: Callable[[CloudEvent], None],
-        metrics: DriftMetrics | None = None,
-        page_size: int = PAGE_SIZE,
-        clock: Callable[[], float] = time.time,
+        *,
+        watches: tuple[WatchSpec, ...] = (),
+        interval: float = 300.0,
+        page_size: int = 500,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        self.engine = engine
-        self.transport = transport
-        self.view = view
-        self.emit = emit
-        self.metrics = metrics if metrics is not None else DriftMetrics()
-        self.page_size = page_size
-        self.clock = clock
+        self.engine, self.api, self.emit = engine, api, emit
+        self.watches = watches
+        self.interval, self.page_size = interval, page_size
+        self.resync_seconds = interval
+        self.clock, self.wall = clock, wall
+        self.metrics = DriftMetrics(fresh_for=2 * interval + 60, clock=clock)
+        self._pass: _Pass | None = None
 
-    def run_pass(self) -> Tally | None:
-        """One pass; its tally, or None when a list failed (logged, counted, nothing published)."""
-        started = self.clock()
-        tally = Tally()
+    def register(self, registry: CollectorRegistry) -> None:
+        """The process's registry: the figures go on its /metrics."""
+        self.metrics = DriftMetrics(registry, fresh_for=2 * self.interval + 60, clock=self.clock)
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def triggers(self, index: str, record: Record) -> tuple[str, ...]:
+        return ()  # a timer, not events: a Pod that skipped the webhook changes nothing watched
+
+    def keys(self, view: ClusterView) -> tuple[str, ...]:
+        return (PASS_KEY,)
+
+    def reconcile(self, key: str, ctx: Context) -> Requeue:
+        if key != PASS_KEY:
+            return DONE
         try:
-            for page in self._pages("/api/v1/pods", {"fieldSelector": POD_FIELD_SELECTOR}):
-                # One snapshot per page: each page is judged against one cluster.
-                view = self.view()
-                for finding in findings(self.engine, page, view, tally, opted_out_in(view)):
-                    self.emit(drift_event(finding, datetime.fromtimestamp(self.clock(), UTC)))
-        except ListFailed as error:
-            log.warning("drift: pass abandoned, the previous pass's figures stand: %s", error)
-            self.metrics.failed()
-            return None
-        ended = self.clock()
-        self.metrics.publish(tally, ended - started, ended)
-        log.info("%s in %.1f s", tally.summary(), ended - started)
-        return tally
+            done = self.step(ctx.view)
+        except ListFailed:
+            return Requeue(min(RETRY_SECONDS, self.interval))
+        return Requeue(self.interval if done else 0.0)
 
-    def _pages(self, path: str, query: Mapping[str, str]) -> Iterator[list[Mapping[str, Any]]]:
-        """The collection page by page. A continue token that expired (410) ends the pass: the
-        next pass starts over, from a consistent snapshot again."""
-        token = ""
+    # -- the pass ---------------------------------------------------------------------------------
+    def run_pass(self, view: Callable[[], ClusterView]) -> Tally | None:
+        """A whole pass now: its tally, or None when a list failed (logged, counted)."""
+        self._pass = None
         while True:
-            page_query = {**query, "limit": str(self.page_size)}
-            if token:
-                page_query["continue"] = token
             try:
-                response = self.transport.get(path, page_query, LIST_ACCEPT, LIST_TIMEOUT)
-                try:
-                    body = response.read()
-                finally:
-                    response.release_conn()
-            except Exception as error:  # the transport raises what urllib3 raises
-                raise ListFailed(f"GET {path}: {error}") from error
-            if response.status != 200:
-                raise ListFailed(f"GET {path}: HTTP {response.status}: {body[:200]!r}")
-            listed = json.loads(body)
-            items = listed.get("items") or []
-            yield [item for item in items if isinstance(item, Mapping)]
-            token = (listed.get("metadata") or {}).get("continue") or ""
-            if not token:
-                return
+                if self.step(view()):
+                    break
+            except ListFailed:
+                return None
+        last = self.metrics.last
+        return last.tally if last is not None else None
+
+    def step(self, view: ClusterView) -> bool:
+        """One page of the pass (a new pass when none is under way, or it went stale): judged,
+        each Pod found emitted. True when the pass is complete (and published). ListFailed when
+        the page could not be read (the pass is abandoned, nothing published)."""
+        now = self.clock()
+        current = self._pass
+        if current is None or now - current.last_step > STALE_SECONDS:
+            current = self._pass = _Pass(started=self.wall(), began=now)
+        current.last_step = now
+        query = {"fieldSelector": POD_FIELD_SELECTOR, "limit": str(self.page_size)}
+        if current.token:
+            query["continue"] = current.token
+        try:
+            response = self.api.request("GET", "/api/v1/pods", query=query, timeout=LIST_TIMEOUT)
+        except (OSError, HTTPError) as error:  # the apiserver unreachable
+            self._abandon(f"GET /api/v1/pods: {error}")
+        if not response.ok:
+            self._abandon(f"GET /api/v1/pods: {response.message()}")
+        items = response.body.get("items") or []
+        found_at = datetime.fromtimestamp(self.wall(), UTC)
+        pods = [item for item in items if isinstance(item, dict)]
+        for finding in findings(self.engine, pods, view, current.tally, opted_out_in(view)):
+            self.emit(drift_event(finding, found_at))
+        metadata: Any = response.body.get("metadata") or {}
+        current.token = (metadata.get("continue") or "") if isinstance(metadata, dict) else ""
+        if current.token:
+            return False
+        self._pass = None
+        seconds = self.clock() - current.began
+        self.metrics.publish(current.tally, seconds, self.wall())
+        log.info("%s in %.1f s", current.tally.summary(), seconds)
+        return True
+
+    def _abandon(self, why: str) -> NoReturn:
+        self._pass = None
+        self.metrics.failed()
+        log.warning("drift: pass abandoned, the previous pass's figures stand: %s", why)
+        raise ListFailed(why)

@@ -36,6 +36,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CoreConfig",
+    "DriftConfig",
     "MutatorConfig",
     "MutatorMode",
     "OnInternalError",
@@ -86,6 +87,15 @@ class AuditConfig(Strict):
         return self
 
 
+class DriftConfig(Strict):
+    """The controller's drift reconciler (docs/operations.md): every stored Pod judged as the webhook
+    would judge it today, one pass every ``intervalSeconds``, listing ``pageSize`` Pods at a time."""
+
+    enabled: bool = True
+    intervalSeconds: float = Field(default=300.0, ge=10)
+    pageSize: int = Field(default=500, ge=1, le=5000)
+
+
 class CoreConfig(Strict):
     """The settings every mutator shares; ``Config`` adds one section per mutator plug-in."""
 
@@ -93,6 +103,7 @@ class CoreConfig(Strict):
     invalidAnnotations: OnInvalidAnnotation = OnInvalidAnnotation.deny
     excludedNamespaces: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDED_NAMESPACES))
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
 
     def section(self, key: str) -> Any:
         """The configuration section of the plug-in whose ``config_key`` is ``key``."""
