@@ -32,8 +32,26 @@ IGNORED: Final = "ignored"
 SPILL_REASONS: Final = ("queue_full", "rejected", "retries_exhausted", "shutdown")
 """Why an event went to stdout instead of the sink (the label values of events_spilled_total)."""
 
-# Decisions take tens of microseconds to a few milliseconds: the buckets start low.
-DECISION_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+# Decisions take tens of microseconds to a few milliseconds: the buckets start low. They end at the
+# webhook's timeoutSeconds (5): 2.5 s is half of it, 4 s the "nearing the timeout" of the alerts
+# (knative/components/monitoring).
+DECISION_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    2.5,
+    4.0,
+    5.0,
+)
 DELIVERY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -62,6 +62,7 @@ GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
 DRA = KNATIVE_DIR / "components" / "dra"
 # The controller's RBAC for the dra backend's templates (tests/deploy/test_dra_manifests.py).
 DRA_CONTROLLER = KNATIVE_DIR / "components" / "dra-controller"
+MONITORING = KNATIVE_DIR / "components" / "monitoring"
 # PodMutation policies (CRD, validating webhook, RBAC) and the RBAC to read CAST AI's objects.
 PODMUTATION_COMPONENTS = (
     KNATIVE_DIR / "components" / "pod-mutations",
@@ -156,6 +157,7 @@ def test_layout_is_a_base_four_overlays_and_the_components():
     # cluster-view: the RBAC of the cluster view's watches (tests/test_view_manifests.py), which an
     # overlay includes only when its configuration enables a mutator that watches the cluster.
     # controller: `castslice control` (tests/deploy/test_control_manifests.py).
+    # monitoring: alerts, scraping and the dashboard (tests/deploy/test_monitoring.py).
     assert component_dirs() == sorted(
         (
             SETTINGS,
@@ -166,6 +168,7 @@ def test_layout_is_a_base_four_overlays_and_the_components():
             GPU_LEASES,
             DRA,
             DRA_CONTROLLER,
+            MONITORING,
             *PODMUTATION_COMPONENTS,
         )
     )
