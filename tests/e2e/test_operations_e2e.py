@@ -1,0 +1,658 @@
+"""Running it for a year, on the real control plane: Pods that skipped the webhook are found, a
+rolling restart under load lets no Pod through, an apiserver restart keeps readiness and placements.
+
+Two single-worker ``castslice serve`` processes (GPU slicing and spot at 40 %, their watches on the
+rendered RBAC) sit behind one address, a ``ServiceProxy`` that behaves like a Service in front of
+two Pods: each new connection goes to the next ready endpoint; a replica joins once its /readyz
+answers 200 and leaves ``ENDPOINT_LAG`` seconds after it is told to terminate, the time an endpoint
+change takes to reach kube-proxy. A connection that finds nobody listening is closed, which the
+apiserver counts as a failed call and, under ``failurePolicy: Ignore``, a Pod admitted unchanged.
+
+Figures (counts, rates, durations) are printed (``-s``) and kept as test properties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.manifests_support import KNATIVE_DIR, one, render
+
+from .controlplane import ControlPlane, kill_group
+from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .test_spot_e2e import (
+    PLACEMENT,
+    ROUTE,
+    delete_created,
+    deployment,
+    eventually,
+    service_account_kubeconfig,
+)
+from .test_view_e2e import restart_apiserver
+
+pytestmark = pytest.mark.e2e
+
+CASTSLICE = str(Path(sys.executable).parent / "castslice")
+NAME = "ops"
+"""The route label value and the webhook configuration's name part (e2e-spot-ops)."""
+WEBHOOK = f"e2e-spot-{NAME}.castslice.castops.io"
+CONFIG: dict[str, Any] = {"spot": {"enabled": True, "spotPercentageOfReplicaSet": 40}}
+ENDPOINT_LAG = 2.0
+"""Seconds a terminating replica still receives new connections (endpoints -> kube-proxy)."""
+UNSCHEDULED = "castslice-e2e-nobody"
+"""A scheduler nobody runs: the load's Pods stay Pending, unbound, so the scheduler and kwok do
+not spend the machine's two cores on them (admission is what is tested; placement on the fleet is
+test_spot_e2e's)."""
+GPU_SHARED, GPU = "nvidia.com/gpu-shared", "nvidia.com/gpu"
+
+LOAD_SECONDS = 60
+GPU_PODS_PER_SECOND = 15
+CLIENTS = 8
+DEPLOYMENTS, SCALE_EVERY = 10, 2.0
+"""Each Deployment gains one replica every SCALE_EVERY seconds: 5 ReplicaSet Pods a second, which
+with the GPU Pods makes 20 Pod creations a second."""
+
+
+# -- one address in front of the replicas -------------------------------------------------------
+class ServiceProxy:
+    def __init__(self) -> None:
+        self.endpoints: list[int] = []
+        self.lock = threading.Lock()
+        self.turn = 0
+        self.connections: dict[int, int] = {}
+        self.refused = 0
+        self.no_endpoint = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def add(self, port: int) -> None:
+        with self.lock:
+            self.endpoints.append(port)
+
+    def remove_later(self, port: int, lag: float = ENDPOINT_LAG) -> None:
+        def remove() -> None:
+            with self.lock:
+                self.endpoints.remove(port)
+
+        threading.Timer(lag, remove).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self.lock:
+                if not self.endpoints:
+                    self.no_endpoint += 1
+                    client.close()
+                    continue
+                port = self.endpoints[self.turn % len(self.endpoints)]
+                self.turn += 1
+                self.connections[port] = self.connections.get(port, 0) + 1
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port))
+            except OSError:
+                with self.lock:
+                    self.refused += 1
+                client.close()
+                continue
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+class Replicas:
+    """The webhook's replicas behind the proxy: started, ready, terminated one by one."""
+
+    def __init__(self, plane: ControlPlane, kubeconfig: Path, sink: str, proxy: ServiceProxy) -> None:
+        self.plane, self.kubeconfig, self.sink, self.proxy = plane, kubeconfig, sink, proxy
+        self.running: list[ServedWebhook] = []
+        self.started = 0
+        self.stopped: list[ServedWebhook] = []
+
+    def start(self) -> ServedWebhook:
+        """A new replica; it joins the endpoints once ready (ServedWebhook waits for /readyz)."""
+        self.started += 1
+        server = ServedWebhook(
+            self.plane, f"ops-{self.started}", CONFIG, self.sink, kubeconfig=self.kubeconfig
+        )
+        self.proxy.add(server.port)
+        self.running.append(server)
+        return server
+
+    def terminate(self, server: ServedWebhook, timeout: float = 30) -> float:
+        """SIGTERM to the process the container runtime would signal (gunicorn's arbiter), the
+        endpoint leaving ENDPOINT_LAG seconds later; returns how long the process took to exit."""
+        self.running.remove(server)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        self.proxy.remove_later(server.port)
+        server.process.wait(timeout)
+        kill_group(server.process)
+        self.stopped.append(server)
+        return time.monotonic() - started
+
+    def stop_all(self) -> None:
+        for server in list(self.running):
+            self.terminate(server)
+
+
+@pytest.fixture(scope="module")
+def ops(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from kubernetes import client
+
+    created: list[dict[str, Any]] = []
+    kubeconfig = service_account_kubeconfig(control_plane, tmp_path_factory.mktemp("ops-rbac"), created)
+    events = EventLog()
+    sink_url, sink = start_event_sink(events)
+    proxy = ServiceProxy()
+    replicas = Replicas(control_plane, kubeconfig, sink_url, proxy)
+    api = control_plane.api_client()
+    registration = client.AdmissionregistrationV1Api(api)
+    rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
+    route = {"key": ROUTE, "operator": "In", "values": [NAME]}
+    registration.create_mutating_webhook_configuration(
+        pointed_at(rendered, f"e2e-spot-{NAME}", proxy.url, control_plane.ca_cert.read_bytes(), route)
+    )
+    namespaces: list[str] = []
+
+    def namespace(name: str) -> str:
+        control_plane.create_namespace(name, labels={ROUTE: NAME})
+        namespaces.append(name)
+        return name
+
+    try:
+        yield {
+            "plane": control_plane,
+            "api": api,
+            "core": client.CoreV1Api(api),
+            "apps": client.AppsV1Api(api),
+            "events": events,
+            "proxy": proxy,
+            "replicas": replicas,
+            "kubeconfig": kubeconfig,
+            "namespace": namespace,
+        }
+    finally:
+        registration.delete_mutating_webhook_configuration(f"e2e-spot-{NAME}")
+        core = client.CoreV1Api(api)
+        for name in namespaces:
+            # One request for the Pods (the namespace controller deletes them one by one, at the
+            # controller manager's 20 requests a second), then the namespace.
+            core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+            core.delete_namespace(name)
+        replicas.stop_all()
+        proxy.stop()
+        sink.shutdown()
+        for name in namespaces:
+            eventually(
+                lambda name=name: control_plane.get(f"/api/v1/namespaces/{name}")[0] == 404,
+                180,
+                f"{name} gone",
+            )
+        api.close()
+        delete_created(control_plane, created)
+
+
+def wait_called(ops: dict[str, Any], namespace: str) -> None:
+    """The apiserver picks up webhook configurations asynchronously: probe with dry runs."""
+
+    def called() -> bool:
+        created = ops["core"].create_namespaced_pod(namespace, gpu_pod("probe"), dry_run="All")
+        return bool(created.spec.containers[0].resources.limits.get(GPU_SHARED))
+
+    eventually(called, 30, "the webhook to be called")
+
+
+# -- the Pods -----------------------------------------------------------------------------------
+def gpu_pod(name: str) -> dict[str, Any]:
+    """An opted-in inference Pod asking for one GPU: sliced, it asks for 2 nvidia.com/gpu-shared."""
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {"castops.io/optimize": "true", "castops.io/workload-type": "inference"},
+        },
+        "spec": {
+            "schedulerName": UNSCHEDULED,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {GPU: "1"}}}],
+        },
+    }
+
+
+def spot_deployment(name: str, replicas: int) -> dict[str, Any]:
+    manifest = deployment(name, replicas)
+    manifest["spec"]["template"]["spec"]["schedulerName"] = UNSCHEDULED
+    return manifest
+
+
+def stored_pods(ops: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    raw = ops["core"].list_namespaced_pod(namespace, _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(raw.data)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def sliced(pod: dict[str, Any]) -> bool:
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    return GPU_SHARED in limits and GPU not in limits
+
+
+def is_gpu(pod: dict[str, Any]) -> bool:
+    return not pod["metadata"].get("ownerReferences")
+
+
+def replicaset_of(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["ownerReferences"][0]["name"])
+
+
+def wait_for_pods(
+    ops: dict[str, Any], namespace: str, count: int, timeout: float = 120
+) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def all_there() -> bool:
+        nonlocal found
+        found = stored_pods(ops, namespace)
+        return len(found) >= count
+
+    eventually(all_there, timeout, f"{count} Pods in {namespace}")
+    return found
+
+
+def audit_events(ops: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    events: EventLog = ops["events"]
+    with events.lock:
+        return [
+            {"headers": e["headers"], "data": json.loads(e["body"])}
+            for e in events.events
+            if e["headers"].get("ce-podnamespace") == namespace
+        ]
+
+
+def failed_calls(plane: ControlPlane) -> list[str]:
+    """The apiserver's log lines for calls to this module's webhook that failed (why they did)."""
+    log = plane.logs["kube-apiserver"].read_text(errors="replace")
+    return [line[:400] for line in log.splitlines() if "failing open" in line and WEBHOOK in line]
+
+
+def fail_open_count(plane: ControlPlane) -> float:
+    """The apiserver's own count of calls to this module's webhook that failed and were ignored."""
+    status, body = plane.get("/metrics", timeout=30)
+    assert status == 200
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("apiserver_admission_webhook_fail_open_count{") and f'name="{WEBHOOK}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# -- the tests ----------------------------------------------------------------------------------
+def test_drift_names_exactly_the_pods_created_while_the_webhook_was_down(
+    ops: dict[str, Any], tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    replicas: Replicas = ops["replicas"]
+    namespace = ops["namespace"]("ops-drift")
+    replicas.start()
+    replicas.start()
+    wait_called(ops, namespace)
+    # Through the webhook: three sliced GPU Pods and a Deployment's three placed Pods.
+    for n in range(3):
+        ops["core"].create_namespaced_pod(namespace, gpu_pod(f"seen-{n}"))
+    ops["apps"].create_namespaced_deployment(namespace, spot_deployment("seen", 3))
+    seen = wait_for_pods(ops, namespace, 6)
+    assert all(sliced(p) for p in seen if is_gpu(p))
+    assert all(p["metadata"]["labels"].get(PLACEMENT) for p in seen if not is_gpu(p))
+    eventually(lambda: all(r.view_objects("pods") >= 3 for r in replicas.running), 30, "the views")
+
+    # The webhook stopped: failurePolicy Ignore admits everything unchanged.
+    replicas.stop_all()
+    for n in range(2):
+        ops["core"].create_namespaced_pod(namespace, gpu_pod(f"missed-{n}"))
+    ops["apps"].create_namespaced_deployment(namespace, spot_deployment("missed", 3))
+    ops["apps"].patch_namespaced_deployment_scale("seen", namespace, {"spec": {"replicas": 5}})
+    everything = wait_for_pods(ops, namespace, 13)
+    seen_uids = {p["metadata"]["uid"] for p in seen}
+    missed = {p["metadata"]["uid"]: p for p in everything if p["metadata"]["uid"] not in seen_uids}
+    assert len(missed) == 7
+    assert not any(sliced(p) for p in missed.values() if is_gpu(p))
+    assert not any(p["metadata"].get("labels", {}).get(PLACEMENT) for p in missed.values() if not is_gpu(p))
+
+    # Started again; the state as `kubectl get pods,replicasets,namespaces -A -o yaml` prints it.
+    replicas.start()
+    replicas.start()
+    wait_called(ops, namespace)
+    state = {"apiVersion": "v1", "kind": "List", "items": []}
+    for path, kind, api_version in (
+        ("/api/v1/pods", "Pod", "v1"),
+        ("/apis/apps/v1/replicasets", "ReplicaSet", "apps/v1"),
+        ("/api/v1/namespaces", "Namespace", "v1"),
+    ):
+        for item in ops["plane"].get_json(path)["items"]:
+            state["items"].append({"apiVersion": api_version, "kind": kind, **item})
+    (tmp_path / "state.yaml").write_text(yaml.safe_dump(state))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    reported = subprocess.run(
+        [CASTSLICE, "audit", "drift", "--cluster", str(tmp_path / "state.yaml"), "--config",
+         str(tmp_path / "config.yaml"), "-n", namespace, "-o", "json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert reported.returncode == 1, reported.stderr
+    report = json.loads(reported.stdout)
+    assert {p["uid"] for p in report["pods"]} == set(missed)
+    by_uid = {p["uid"]: p for p in report["pods"]}
+    for uid, pod in missed.items():
+        wanted = ["gpu-slicing"] if is_gpu(pod) else ["spot"]
+        assert [m["mutator"] for m in by_uid[uid]["mutators"]] == wanted, by_uid[uid]
+    record_property(
+        "drift_offline", f"{len(missed)} of {len(everything)} Pods named, {report['judged']} judged"
+    )
+    print(
+        f"\n[ops e2e] drift offline: {len(report['pods'])} Pods named of {report['judged']} judged: "
+        f"exactly the {len(missed)} created while the webhook was down; {reported.stderr.strip()}"
+    )
+
+    # The same judgement as the controller's reconciler runs it: paged lists, the view from watches.
+    from cloudevents.http import CloudEvent
+
+    from function.control.drift import DriftReconciler, drift_watches
+    from function.control.kube import KubeApi
+    from function.core.config import parse_config
+    from function.core.engine import Engine
+    from function.serve.app import start_watcher
+    from function.serve.watch import kube_transport
+
+    config = parse_config(CONFIG)
+    transport = kube_transport({"KUBECONFIG": str(ops["kubeconfig"])})
+    found: list[CloudEvent] = []
+    reconciler = DriftReconciler(
+        Engine(config),
+        KubeApi(transport.configuration),
+        found.append,
+        watches=drift_watches(config),
+        page_size=50,
+    )
+    watcher = start_watcher(reconciler.watches, {}, transport, reconciler.metrics.registry, freeze_gc=False)
+    assert watcher is not None
+    try:
+        assert watcher.wait_synced(30)
+        tally = reconciler.run_pass(watcher.snapshot)
+    finally:
+        watcher.stop()
+    assert tally is not None
+    subjects = {e["subject"] for e in found if e["podnamespace"] == namespace}
+    assert subjects == {f"namespaces/{namespace}/pods/{p['metadata']['name']}" for p in missed.values()}
+    counts = {key: value for key, value in tally.by_mutator_namespace.items() if key[1] == namespace}
+    assert counts == {("gpu-slicing", namespace): 2, ("spot", namespace): 5}
+    print(f"[ops e2e] drift reconciler: {tally.summary()}")
+
+
+class Load:
+    """Pods created at a steady rate: opted-in GPU Pods by this client, and Deployments scaled up
+    one replica at a time (their ReplicaSets create the Pods). Every client-side failure is kept."""
+
+    def __init__(self, ops: dict[str, Any], namespace: str) -> None:
+        self.ops, self.namespace = ops, namespace
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.gpu_created = 0
+        self.scaled = dict.fromkeys((f"web-{n}" for n in range(DEPLOYMENTS)), 0)
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.started = 0.0
+
+    def run(self, seconds: float) -> None:
+        for name in self.scaled:
+            self.ops["apps"].create_namespaced_deployment(self.namespace, spot_deployment(name, 0))
+        self.started = time.monotonic()
+        deadline = self.started + seconds
+        # Enough clients that a slow create (the machine's two cores are shared with the whole
+        # control plane) does not hold the next ones back.
+        for worker in range(CLIENTS):
+            self.threads.append(
+                threading.Thread(target=self._gpu, args=(worker, CLIENTS, deadline), daemon=True)
+            )
+        self.threads.append(threading.Thread(target=self._scale, args=(deadline,), daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def join(self) -> float:
+        for thread in self.threads:
+            thread.join(LOAD_SECONDS + 60)
+        return time.monotonic() - self.started
+
+    def _gpu(self, worker: int, workers: int, deadline: float) -> None:
+        from kubernetes import client
+
+        with self.ops["plane"].api_client() as api:
+            core = client.CoreV1Api(api)
+            number = worker
+            while True:
+                due = self.started + number / GPU_PODS_PER_SECOND
+                if due >= deadline:
+                    return
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    core.create_namespaced_pod(self.namespace, gpu_pod(f"gpu-{number:05d}"))
+                    with self.lock:
+                        self.gpu_created += 1
+                except Exception as error:  # noqa: BLE001 - every failure is the finding
+                    with self.lock:
+                        self.errors.append(f"gpu-{number:05d}: {error}")
+                number += workers
+
+    def _scale(self, deadline: float) -> None:
+        names = list(self.scaled)
+        step = 0
+        while True:
+            due = self.started + step * SCALE_EVERY / len(names)
+            if due >= deadline:
+                return
+            time.sleep(max(0.0, due - time.monotonic()))
+            name = names[step % len(names)]
+            try:
+                self.ops["apps"].patch_namespaced_deployment_scale(
+                    name, self.namespace, {"spec": {"replicas": self.scaled[name] + 1}}
+                )
+                self.scaled[name] += 1
+            except Exception as error:  # noqa: BLE001 - every failure is the finding
+                self.errors.append(f"scale {name}: {error}")
+            step += 1
+
+
+def test_a_rolling_restart_under_load_lets_no_pod_through(
+    ops: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    replicas: Replicas = ops["replicas"]
+    proxy: ServiceProxy = ops["proxy"]
+    namespace = ops["namespace"]("ops-rolling")
+    while len(replicas.running) < 2:
+        replicas.start()
+    wait_called(ops, namespace)
+    fail_open_before = fail_open_count(ops["plane"])
+    refused_before, no_endpoint_before = proxy.refused, proxy.no_endpoint
+    load = Load(ops, namespace)
+    load.run(LOAD_SECONDS)
+    # A rolling restart meanwhile: SIGTERM one, start its replacement, wait for it to be ready,
+    # then the other.
+    time.sleep(10)
+    restarts = []
+    for old in list(replicas.running):
+        began = time.monotonic()
+        exit_seconds: list[float] = []
+        stopping = threading.Thread(
+            target=lambda old=old, out=exit_seconds: out.append(replicas.terminate(old))
+        )
+        stopping.start()
+        replacement = replicas.start()
+        ready_seconds = time.monotonic() - began
+        stopping.join(60)
+        restarts.append((old.name, replacement.name, round(exit_seconds[0], 1), round(ready_seconds, 1)))
+        time.sleep(5)
+    elapsed = load.join()
+    assert not load.errors, load.errors[:5]
+
+    wanted = load.gpu_created + sum(load.scaled.values())
+    pods = wait_for_pods(ops, namespace, wanted)
+    gpu = [p for p in pods if is_gpu(p)]
+    placed = [p for p in pods if not is_gpu(p)]
+    assert len(gpu) == load.gpu_created and len(placed) == sum(load.scaled.values())
+    unsliced = [p["metadata"]["name"] for p in gpu if not sliced(p)]
+    unplaced = [p["metadata"]["name"] for p in placed if not p["metadata"].get("labels", {}).get(PLACEMENT)]
+    # Each ReplicaSet's split: floor(n x 40 / 100) spot. One replica is added every 2 s, but under
+    # load the ReplicaSet controller may create two Pods back to back, and each serving process
+    # knows the other's decisions only once its watch shows the Pod: with two processes a split
+    # may end one off (docs/spot.md), never more, restart or not.
+    splits: dict[str, list[str]] = {}
+    for pod in placed:
+        side = pod["metadata"]["labels"].get(PLACEMENT, "")
+        splits.setdefault(replicaset_of(pod), []).append(side)
+    deviations = {rs: sides.count("spot") - len(sides) * 40 // 100 for rs, sides in splits.items()}
+
+    # The audit trail says the same: one mutated event per stored Pod, matched by name (GPU Pods)
+    # or by the admission uid the spot mutator writes on the Pod.
+    events = audit_events(ops, namespace)
+    outcomes = sorted({e["data"]["outcome"] for e in events})
+    mutated = [e for e in events if e["data"]["outcome"] == "mutated"]
+    event_names = {e["data"]["pod"]["name"] for e in mutated if e["data"]["pod"]["name"]}
+    event_uids = {e["data"]["request"]["uid"] for e in mutated if not e["data"]["pod"]["name"]}
+    stored_names = {p["metadata"]["name"] for p in gpu if sliced(p)}
+    stored_uids = {
+        p["metadata"]["annotations"].get("castops.io/placement-decision")
+        for p in placed
+        if p["metadata"].get("labels", {}).get(PLACEMENT)
+    }
+    failed_open = fail_open_count(ops["plane"]) - fail_open_before
+    refused, no_endpoint = proxy.refused - refused_before, proxy.no_endpoint - no_endpoint_before
+
+    summary = (
+        f"{len(pods)} Pods created in {elapsed:.0f} s ({len(pods) / elapsed:.1f}/s): {len(gpu)} GPU Pods, "
+        f"{len(gpu) - len(unsliced)} sliced; {len(placed)} ReplicaSet Pods in {len(splits)} ReplicaSets, "
+        f"{len(placed) - len(unplaced)} placed, {list(deviations.values()).count(0)} splits exact "
+        f"(spot - floor(n x 40 %): {sorted(deviations.values())}); "
+        f"{len(mutated)} mutated audit events ({len(event_names & stored_names)} GPU by name, "
+        f"{len(event_uids & stored_uids)} placed by decision uid); apiserver fail-open {failed_open:.0f}; "
+        f"client errors {len(load.errors)}; proxy refused {refused}, no endpoint {no_endpoint}; "
+        f"restarts (old, new, old exited s, new ready s): {restarts}"
+    )
+    record_property("rolling_restart", summary)
+    print(f"\n[ops e2e] rolling restart: {summary}")
+    summary += "".join(f"\n  apiserver: {line}" for line in failed_calls(ops["plane"])[-5:])
+    assert unsliced == [] and unplaced == [], summary
+    assert all(abs(deviation) <= 1 for deviation in deviations.values()), deviations
+    assert outcomes == ["mutated"], outcomes
+    assert event_names == stored_names and event_uids == stored_uids, summary
+    assert len(mutated) == len(pods)
+    assert failed_open == 0 and refused == 0 and no_endpoint == 0, summary
+
+
+def ready(server: ServedWebhook) -> bool:
+    try:
+        with urllib.request.urlopen(server.url + "/readyz", context=server.context, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def metric(server: ServedWebhook, name: str, index: str) -> float:
+    text = server.metrics()
+    match = re.search(rf'^{name}{{index="{index}"}} (\S+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else -1.0
+
+
+def test_an_apiserver_restart_keeps_readiness_and_placements_right(
+    ops: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    replicas: Replicas = ops["replicas"]
+    plane: ControlPlane = ops["plane"]
+    namespace = ops["namespace"]("ops-apiserver")
+    while len(replicas.running) < 2:
+        replicas.start()
+    wait_called(ops, namespace)
+    servers = list(replicas.running)
+    relists_before = {s.name: metric(s, "castslice_view_relists_total", "pods") for s in servers}
+    # /readyz of both replicas, every 0.1 s, through the restart (the README: ready through relists,
+    # the previous state served meanwhile).
+    answers: dict[str, list[bool]] = {s.name: [] for s in servers}
+    stop = threading.Event()
+
+    def probe(server: ServedWebhook) -> None:
+        while not stop.is_set():
+            answers[server.name].append(ready(server))
+            time.sleep(0.1)
+
+    probes = [threading.Thread(target=probe, args=(s,), daemon=True) for s in servers]
+    for thread in probes:
+        thread.start()
+    began = time.monotonic()
+    restart_apiserver(plane)
+    restarted = time.monotonic() - began
+
+    # The views come back: each replica's Pod index equals the apiserver's live Pods again.
+    def live_pods() -> float:
+        items = plane.get_json("/api/v1/pods")["items"]
+        return float(sum(1 for p in items if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")))
+
+    ops["core"].create_namespaced_pod(namespace, gpu_pod("after-restart"))
+    for server in servers:
+        eventually(lambda server=server: metric(server, "castslice_view_objects", "pods") == live_pods(), 90,
+                   f"{server.name}'s view equal to the apiserver's Pods")  # fmt: skip
+        assert metric(server, "castslice_view_synced", "pods") == 1
+    stop.set()
+    for thread in probes:
+        thread.join(5)
+    relists = {
+        s.name: metric(s, "castslice_view_relists_total", "pods") - relists_before[s.name] for s in servers
+    }
+
+    # Placements made after the restart: a Deployment scaled one replica at a time to 10 ends at
+    # exactly 4 spot, 6 on-demand; the GPU Pod is sliced.
+    ops["apps"].create_namespaced_deployment(namespace, spot_deployment("after", 0))
+    for replicas_wanted in range(1, 11):
+        ops["apps"].patch_namespaced_deployment_scale(
+            "after", namespace, {"spec": {"replicas": replicas_wanted}}
+        )
+        wait_for_pods(ops, namespace, replicas_wanted + 1)
+    pods = wait_for_pods(ops, namespace, 11)
+    sides = [p["metadata"].get("labels", {}).get(PLACEMENT, "") for p in pods if not is_gpu(p)]
+    (gpu,) = [p for p in pods if is_gpu(p)]
+    not_ready = {name: seen.count(False) for name, seen in answers.items()}
+    summary = (
+        f"apiserver back in {restarted:.1f} s; /readyz probes not 200: {not_ready} of "
+        f"{ {name: len(seen) for name, seen in answers.items()} }; relists {relists}; "
+        f"after it: {sides.count('spot')} spot, {sides.count('on-demand')} on-demand of 10, "
+        f"GPU Pod sliced: {sliced(gpu)}"
+    )
+    record_property("apiserver_restart", summary)
+    print(f"\n[ops e2e] apiserver restart: {summary}")
+    assert all(count == 0 for count in not_ready.values()), summary
+    assert sorted(sides) == ["on-demand"] * 6 + ["spot"] * 4 and sliced(gpu), summary
