@@ -213,6 +213,14 @@ class ServedController:
     def leading(self) -> bool:
         return self.metric("castslice_control_is_leader") == 1.0
 
+    def answers(self, path: str) -> bool:
+        """Whether ``path`` answers 200 (``/readyz``: the controller is ready)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
     def log_tail(self) -> str:
         return self.log_path.read_text()[-3000:]
 

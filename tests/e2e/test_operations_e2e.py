@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -33,7 +34,7 @@ import yaml
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
-from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .launch import ServedController, EventLog, ServedWebhook, pointed_at, start_event_sink
 from .test_spot_e2e import (
     PLACEMENT,
     ROUTE,
@@ -42,7 +43,7 @@ from .test_spot_e2e import (
     eventually,
     service_account_kubeconfig,
 )
-from .test_view_e2e import restart_apiserver
+from .support import restart_apiserver
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +52,9 @@ NAME = "ops"
 """The route label value and the webhook configuration's name part (e2e-spot-ops)."""
 WEBHOOK = f"e2e-spot-{NAME}.castslice.castops.io"
 CONFIG: dict[str, Any] = {"spot": {"enabled": True, "spotPercentageOfReplicaSet": 40}}
+CONTROL_NAMESPACE = "ops-control"
+"""Where the controllers' Lease lives (no webhook route: nothing there is admitted by ours)."""
+DRIFT_INTERVAL = 10
 ENDPOINT_LAG = 2.0
 """Seconds a terminating replica still receives new connections (endpoints -> kube-proxy)."""
 UNSCHEDULED = "castslice-e2e-nobody"
@@ -58,6 +62,7 @@ UNSCHEDULED = "castslice-e2e-nobody"
 not spend the machine's two cores on them (admission is what is tested; placement on the fleet is
 test_spot_e2e's)."""
 GPU_SHARED, GPU = "nvidia.com/gpu-shared", "nvidia.com/gpu"
+ADMISSION_TYPES = "io.castops.castslice.admission."
 
 LOAD_SECONDS = 60
 GPU_PODS_PER_SECOND = 15
@@ -167,6 +172,55 @@ class Replicas:
             self.terminate(server)
 
 
+class Controllers:
+    """Two ``castslice control`` replicas (drift reconciler every DRIFT_INTERVAL s, the shipped
+    election timings) and a poller reading both ``castslice_control_is_leader`` every 50 ms."""
+
+    def __init__(self, plane: ControlPlane, sink: str) -> None:
+        self.plane, self.sink = plane, sink
+        self.config = plane.workdir / "castslice-ops-control.yaml"
+        self.config.write_text(yaml.safe_dump({**CONFIG, "drift": {"intervalSeconds": DRIFT_INTERVAL}}))
+        self.started = 0
+        self.running: list[ServedController] = []
+        self.rounds: list[tuple[float, dict[str, bool]]] = []
+        """(monotonic time, name -> is_leader) per polling round, while polling."""
+        self._polling = threading.Event()
+
+    def start(self) -> ServedController:
+        self.started += 1
+        process = ServedController(
+            self.plane, f"ops-control-{self.started}", self.config, self.sink, CONTROL_NAMESPACE
+        )
+        eventually(lambda: process.answers("/readyz"), 60, f"{process.name} ready")
+        self.running.append(process)
+        return process
+
+    def leader(self) -> ServedController | None:
+        leading = [process for process in self.running if process.leading()]
+        return leading[0] if len(leading) == 1 else None
+
+    def poll(self) -> threading.Thread:
+        self._polling.set()
+
+        def run() -> None:
+            while self._polling.is_set():
+                self.rounds.append((time.monotonic(), {p.name: p.leading() for p in list(self.running)}))
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def stop_polling(self, thread: threading.Thread) -> None:
+        self._polling.clear()
+        thread.join(5)
+
+    def stop_all(self) -> None:
+        for process in list(self.running):
+            process.stop()
+        self.running.clear()
+
+
 @pytest.fixture(scope="module")
 def ops(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from kubernetes import client
@@ -184,6 +238,11 @@ def ops(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     registration.create_mutating_webhook_configuration(
         pointed_at(rendered, f"e2e-spot-{NAME}", proxy.url, control_plane.ca_cert.read_bytes(), route)
     )
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": CONTROL_NAMESPACE}})
+    controllers = Controllers(control_plane, sink_url)
+    controllers.start()
+    controllers.start()
+    eventually(lambda: controllers.leader() is not None, 60, "one controller leading")
     namespaces: list[str] = []
 
     def namespace(name: str) -> str:
@@ -202,6 +261,7 @@ def ops(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
             "replicas": replicas,
             "kubeconfig": kubeconfig,
             "namespace": namespace,
+            "controllers": controllers,
         }
     finally:
         registration.delete_mutating_webhook_configuration(f"e2e-spot-{NAME}")
@@ -212,6 +272,8 @@ def ops(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
             core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
             core.delete_namespace(name)
         replicas.stop_all()
+        controllers.stop_all()
+        core.delete_namespace(CONTROL_NAMESPACE)
         proxy.stop()
         sink.shutdown()
         for name in namespaces:
@@ -296,6 +358,7 @@ def audit_events(ops: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
             {"headers": e["headers"], "data": json.loads(e["body"])}
             for e in events.events
             if e["headers"].get("ce-podnamespace") == namespace
+            and e["headers"].get("ce-type", "").startswith(ADMISSION_TYPES)
         ]
 
 
@@ -381,39 +444,43 @@ def test_drift_names_exactly_the_pods_created_while_the_webhook_was_down(
         f"exactly the {len(missed)} created while the webhook was down; {reported.stderr.strip()}"
     )
 
-    # The same judgement as the controller's reconciler runs it: paged lists, the view from watches.
-    from cloudevents.http import CloudEvent
+    # The controller's drift reconciler (castslice control, a pass every DRIFT_INTERVAL s) finds the
+    # same Pods: one CloudEvent per Pod found, and the figures on the leader's /metrics.
+    controllers: Controllers = ops["controllers"]
+    wanted = {f"namespaces/{namespace}/pods/{p['metadata']['name']}" for p in missed.values()}
 
-    from function.control.drift import DriftReconciler, drift_watches
-    from function.control.kube import KubeApi
-    from function.core.config import parse_config
-    from function.core.engine import Engine
-    from function.serve.app import start_watcher
-    from function.serve.watch import kube_transport
+    def found() -> set[str]:
+        events: EventLog = ops["events"]
+        with events.lock:
+            return {
+                e["headers"].get("ce-subject", "")
+                for e in events.events
+                if e["headers"].get("ce-type") == "io.castops.castslice.drift.found.v1"
+                and e["headers"].get("ce-podnamespace") == namespace
+            }
 
-    config = parse_config(CONFIG)
-    transport = kube_transport({"KUBECONFIG": str(ops["kubeconfig"])})
-    found: list[CloudEvent] = []
-    reconciler = DriftReconciler(
-        Engine(config),
-        KubeApi(transport.configuration),
-        found.append,
-        watches=drift_watches(config),
-        page_size=50,
+    eventually(lambda: found() >= wanted, 3 * DRIFT_INTERVAL + 30, "the controller's drift events")
+    assert found() == wanted
+
+    def figures() -> dict[str, float]:
+        leader = controllers.leader()
+        if leader is None:
+            return {}
+        text = urllib.request.urlopen(f"http://127.0.0.1:{leader.port}/metrics", timeout=5).read().decode()
+        return {
+            match[0]: float(match[1])
+            for match in re.findall(
+                rf'^castslice_drift_pods{{mutator="([^"]+)",namespace="{namespace}"}} (\S+)$',
+                text,
+                re.MULTILINE,
+            )
+        }
+
+    eventually(lambda: figures() == {"gpu-slicing": 2.0, "spot": 5.0}, 3 * DRIFT_INTERVAL + 30, "the figures")
+    print(
+        f"[ops e2e] drift in castslice control: {len(wanted)} Pods, one event each; "
+        f"castslice_drift_pods {figures()}"
     )
-    watcher = start_watcher(reconciler.watches, {}, transport, reconciler.metrics.registry, freeze_gc=False)
-    assert watcher is not None
-    try:
-        assert watcher.wait_synced(30)
-        tally = reconciler.run_pass(watcher.snapshot)
-    finally:
-        watcher.stop()
-    assert tally is not None
-    subjects = {e["subject"] for e in found if e["podnamespace"] == namespace}
-    assert subjects == {f"namespaces/{namespace}/pods/{p['metadata']['name']}" for p in missed.values()}
-    counts = {key: value for key, value in tally.by_mutator_namespace.items() if key[1] == namespace}
-    assert counts == {("gpu-slicing", namespace): 2, ("spot", namespace): 5}
-    print(f"[ops e2e] drift reconciler: {tally.summary()}")
 
 
 class Load:
@@ -489,7 +556,38 @@ class Load:
             step += 1
 
 
-def test_a_rolling_restart_under_load_lets_no_pod_through(
+def roll(controllers: Controllers, handovers: list[float]) -> None:
+    """SIGTERM the leader, start its replacement and wait for it to be ready; then the same with
+    the other (which leads by then). Each handover: from SIGTERM to another replica leading."""
+    for _ in range(2):
+        leader = controllers.leader()
+        assert leader is not None, "no single leader before the restart"
+        began = time.monotonic()
+        os.killpg(leader.process.pid, signal.SIGTERM)
+        eventually(
+            lambda leader=leader: any(p is not leader and p.leading() for p in controllers.running),
+            60,
+            "another controller leading",
+        )
+        handovers.append(time.monotonic() - began)
+        assert leader.process.wait(30) == 0, leader.log_path.read_text()[-2000:]
+        controllers.running.remove(leader)
+        controllers.start()
+
+
+def gaps(rounds: list[tuple[float, dict[str, bool]]]) -> list[float]:
+    """How long each stretch of polling rounds without a leader lasted (a handover's gap)."""
+    found, began = [], None
+    for moment, leading in rounds:
+        if not any(leading.values()):
+            began = moment if began is None else began
+        elif began is not None:
+            found.append(moment - began)
+            began = None
+    return found
+
+
+def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     ops: dict[str, Any], record_property: Callable[[str, object], None]
 ) -> None:
     replicas: Replicas = ops["replicas"]
@@ -503,8 +601,13 @@ def test_a_rolling_restart_under_load_lets_no_pod_through(
     load = Load(ops, namespace)
     load.run(LOAD_SECONDS)
     # A rolling restart meanwhile: SIGTERM one, start its replacement, wait for it to be ready,
-    # then the other.
+    # then the other; the controllers' Deployment rolls at the same time (the leader first).
     time.sleep(10)
+    controllers: Controllers = ops["controllers"]
+    poller = controllers.poll()
+    handovers: list[float] = []
+    rolling_controllers = threading.Thread(target=roll, args=(controllers, handovers), daemon=True)
+    rolling_controllers.start()
     restarts = []
     for old in list(replicas.running):
         began = time.monotonic()
@@ -519,7 +622,11 @@ def test_a_rolling_restart_under_load_lets_no_pod_through(
         restarts.append((old.name, replacement.name, round(exit_seconds[0], 1), round(ready_seconds, 1)))
         time.sleep(5)
     elapsed = load.join()
+    rolling_controllers.join(180)
+    controllers.stop_polling(poller)
     assert not load.errors, load.errors[:5]
+    leaders_at_once = max(sum(leading.values()) for _, leading in controllers.rounds)
+    without_leader = gaps(controllers.rounds)
 
     wanted = load.gpu_created + sum(load.scaled.values())
     pods = wait_for_pods(ops, namespace, wanted)
@@ -562,7 +669,10 @@ def test_a_rolling_restart_under_load_lets_no_pod_through(
         f"{len(mutated)} mutated audit events ({len(event_names & stored_names)} GPU by name, "
         f"{len(event_uids & stored_uids)} placed by decision uid); apiserver fail-open {failed_open:.0f}; "
         f"client errors {len(load.errors)}; proxy refused {refused}, no endpoint {no_endpoint}; "
-        f"restarts (old, new, old exited s, new ready s): {restarts}"
+        f"restarts (old, new, old exited s, new ready s): {restarts}; controllers: "
+        f"{len(controllers.rounds)} is_leader rounds, at most {leaders_at_once} leader(s) at once, "
+        f"handovers (SIGTERM to the other leading) {[round(h, 1) for h in handovers]} s, "
+        f"no leader for {[round(g, 2) for g in without_leader]} s"
     )
     record_property("rolling_restart", summary)
     print(f"\n[ops e2e] rolling restart: {summary}")
@@ -573,6 +683,7 @@ def test_a_rolling_restart_under_load_lets_no_pod_through(
     assert event_names == stored_names and event_uids == stored_uids, summary
     assert len(mutated) == len(pods)
     assert failed_open == 0 and refused == 0 and no_endpoint == 0, summary
+    assert leaders_at_once == 1 and len(handovers) == 2, summary
 
 
 def ready(server: ServedWebhook) -> bool:
