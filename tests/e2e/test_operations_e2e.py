@@ -34,7 +34,8 @@ import yaml
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
-from .launch import ServedController, EventLog, ServedWebhook, pointed_at, start_event_sink
+from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
+from .support import restart_apiserver
 from .test_spot_e2e import (
     PLACEMENT,
     ROUTE,
@@ -43,7 +44,6 @@ from .test_spot_e2e import (
     eventually,
     service_account_kubeconfig,
 )
-from .support import restart_apiserver
 
 pytestmark = pytest.mark.e2e
 
