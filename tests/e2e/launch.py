@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import http.client
 import http.server
 import os
 import signal
@@ -203,7 +204,7 @@ class ServedController:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as reply:
                 text = reply.read().decode()
-        except OSError:
+        except (OSError, http.client.HTTPException):  # a process stopping mid-reply: IncompleteRead
             return None
         for line in text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):

@@ -625,6 +625,10 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     rolling_controllers.join(180)
     controllers.stop_polling(poller)
     assert not load.errors, load.errors[:5]
+    # The poller read both replicas every 50 ms from before the first SIGTERM to after the last
+    # handover (a poller that died early would hide two leaders).
+    polled = controllers.rounds[-1][0] - controllers.rounds[0][0] if controllers.rounds else 0.0
+    assert polled >= sum(handovers) and len(controllers.rounds) >= 100, (polled, len(controllers.rounds))
     leaders_at_once = max(sum(leading.values()) for _, leading in controllers.rounds)
     without_leader = gaps(controllers.rounds)
 
