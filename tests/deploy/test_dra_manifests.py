@@ -77,7 +77,7 @@ def test_the_controller_is_granted_exactly_what_its_reconcilers_watch_and_write(
         update={"gpuLeases": config.section("gpuLeases").model_copy(update={"enabled": True})}
     )
     reconcilers = build_reconcilers(config, FakeApi())
-    assert [r.name for r in reconcilers] == ["gpu-leases", "dra-templates"]
+    assert [r.name for r in reconcilers] == ["gpu-leases", "dra-templates", "drift"]
     assert controller_rules(objs) == control_rbac_rules(reconcilers)
 
 
