@@ -250,6 +250,36 @@ def test_a_pod_without_gpus_and_a_charged_pod_are_left_alone() -> None:
     assert decide(p, v).action == Action.unchanged  # the engine's second pass: idempotent
 
 
+def forged() -> dict[str, Any]:
+    """A stamp a tenant wrote on the Pod it creates: charged to h100 for nothing."""
+    return {
+        "labels": {LEASE_LABEL: "h100", STATE_LABEL: "charged"},
+        "annotations": {CHARGE_ANNOTATION: "0m", DECISION_ANNOTATION: "made-up"},
+    }
+
+
+def test_a_stamp_the_pod_arrives_with_is_recomputed_from_its_resources() -> None:
+    p = pod(2, **forged())
+    result = decide(p, view([lease_obj()]))
+    assert result.action == Action.mutated and result.reason.startswith("Charged: gpu lease h100")
+    assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == "2000m"  # not the tenant's 0m
+    assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"
+    full = view([lease_obj()], [charged("h100", 1000, i) for i in range(7)])
+    refused = decide(pod(2, **forged()), full)
+    assert refused.action == Action.denied and "7 of 8 GPU in use, this Pod needs 2" in refused.reason
+
+
+def test_a_forged_stamp_is_removed_where_nothing_is_charged() -> None:
+    for p, v in (
+        (pod(1, **forged()), view([lease_obj(ns="other")])),  # no lease in the namespace
+        (pod(1, resource="cpu", **forged()), view([lease_obj()])),  # no GPU
+    ):
+        result = decide(p, v)
+        assert result.action == Action.mutated and "stamp it came with removed" in result.reason
+        assert LEASE_LABEL not in p["metadata"]["labels"]
+        assert CHARGE_ANNOTATION not in p["metadata"]["annotations"]
+
+
 def test_slices_are_charged_as_fractions_of_their_model() -> None:
     p = pod(4, resource="nvidia.com/gpu-shared")
     result = decide(p, view([lease_obj(count=1)]), sharedReplicas=8)

@@ -157,6 +157,7 @@ def leases(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
         "core": core,
         "custom": client.CustomObjectsApi(api),
         "apps": client.AppsV1Api(api),
+        "registration": registration,
         "controllers": controllers,
         "config": config_path,
         "servers": [one_server, *two_servers],
@@ -556,6 +557,90 @@ def test_sigterm_hands_over_at_once(leases: dict[str, Any]) -> None:
     print(f"\nhandover after SIGTERM: {took:.1f}s (retry period 1s)")
     logs = "\n".join(c.log_path.read_text()[-1500:] for c in leases["controllers"].values())
     assert took < 4, logs  # under the lease duration: the Lease was released, not left to expire
+
+
+# -- the stamp: what a tenant cannot change --------------------------------------------------------
+def test_a_tenants_stamp_is_recomputed_and_the_stamp_policy_refuses_edits(leases: dict[str, Any]) -> None:
+    """A Pod created with a stamp of its own is charged by its resources; once stored, the
+    stamp policy (components/gpu-leases/stamp-policy.yaml, bound here to one namespace) refuses
+    any change of the charge, the lease label or the Queue gate, and allows the rest."""
+    from kubernetes.client import ApiException
+
+    create_lease(leases, ONE, "stamped", count=4, podSelector={"matchLabels": {"stamp": "yes"}})
+    start = now() + timedelta(hours=1)
+    create_lease(
+        leases, ONE, "stamped-q", count=4, enforcement="Queue", window={"start": stamp(start)},
+        podSelector={"matchLabels": {"stamp": "queued"}},
+    )  # fmt: skip
+    forged = gpu_pod(
+        "stamp-0",
+        2,
+        labels={"stamp": "yes", "castops.io/gpu-lease": "stamped", "castops.io/gpu-lease-state": "charged"},
+        annotations={
+            "castops.io/gpu-lease": "stamped",
+            "castops.io/gpu-lease-charge": "0m",
+            "castops.io/gpu-lease-decision": "made-up",
+        },
+    )
+    stored = create_pod(leases, ONE, forged)
+    assert stored.metadata.annotations["castops.io/gpu-lease-charge"] == "2000m"
+    assert stored.metadata.annotations["castops.io/gpu-lease-decision"] != "made-up"
+    queued = create_pod(
+        leases,
+        ONE,
+        gpu_pod("stamp-q", 1, labels={"stamp": "queued"}, annotations={"castops.io/gpu-lease": "stamped-q"}),
+    )
+    assert [g.name for g in queued.spec.scheduling_gates] == ["castops.io/gpu-lease"]
+
+    registration = leases["registration"]
+    policy, binding = (
+        one(render(COMPONENT), kind, "castslice-gpulease-stamp")
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    )
+    binding["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ONE}}
+    }
+    registration.create_validating_admission_policy(policy)
+    registration.create_validating_admission_policy_binding(binding)
+    core = leases["core"]
+
+    def refused(name: str, patch: dict[str, Any]) -> str:
+        try:
+            core.patch_namespaced_pod(name, ONE, patch)
+        except ApiException as error:
+            assert error.status in (403, 422), error.body
+            return str(error.body)
+        return ""
+
+    try:
+        tries = iter(range(1000))  # a new value each try: one the policy came too late for stays
+
+        def tampered() -> str:
+            return refused(
+                "stamp-0", {"metadata": {"annotations": {"castops.io/gpu-lease-charge": f"{next(tries)}m"}}}
+            )
+
+        message = eventually(tampered, 60, "the stamp policy in force")
+        charge = core.read_namespaced_pod("stamp-0", ONE).metadata.annotations["castops.io/gpu-lease-charge"]
+        assert "castops.io/gpu-lease-charge" in message
+        assert "castops.io/gpu-lease" in refused(
+            "stamp-0", {"metadata": {"labels": {"castops.io/gpu-lease": None}}}
+        )
+        assert "gpu-lease-state" in refused(
+            "stamp-0", {"metadata": {"labels": {"castops.io/gpu-lease-state": "overflow"}}}
+        )
+        ungate = {"spec": {"schedulingGates": [{"$patch": "delete", "name": "castops.io/gpu-lease"}]}}
+        assert "scheduling gate" in refused("stamp-q", ungate)
+        assert refused("stamp-0", {"metadata": {"labels": {"owner": "me"}}}) == ""  # the rest is the tenant's
+        pod = core.read_namespaced_pod("stamp-0", ONE)
+        assert pod.metadata.annotations["castops.io/gpu-lease-charge"] == charge
+        assert pod.metadata.labels["castops.io/gpu-lease"] == "stamped"
+        assert core.read_namespaced_pod("stamp-q", ONE).spec.scheduling_gates
+    finally:
+        registration.delete_validating_admission_policy_binding("castslice-gpulease-stamp")
+        registration.delete_validating_admission_policy("castslice-gpulease-stamp")
+        for name in ("stamp-0", "stamp-q"):
+            core.delete_namespaced_pod(name, ONE)
 
 
 def test_an_apiserver_restart_leaves_the_counts_right(leases: dict[str, Any]) -> None:

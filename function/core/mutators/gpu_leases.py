@@ -55,6 +55,7 @@ from function.core.leases import (
     Usage,
     charge_text,
     gpus,
+    parse_charge,
     pod_charge,
     until,
     usage_from,
@@ -255,7 +256,11 @@ class GpuLeases:
         if ctx.operation != "CREATE":
             return MutatorResult.unchanged(f"{ctx.operation}: only Pod creation is charged")
         charged_to = labels_of(pod).get(LEASE_LABEL)
-        if charged_to:
+        # The stamp counts against a lease, so only this review's own is trusted (a later pass or
+        # a reinvocation of the same request carries its uid); one the Pod arrived with (a tenant's
+        # "0m", a label copied into a template) is recomputed from the Pod's resources.
+        forged = bool(charged_to) and annotations_of(pod).get(DECISION_ANNOTATION, "") != ctx.uid
+        if charged_to and not forged:
             return MutatorResult.unchanged(f"already charged to gpu lease {charged_to}")
         view = ctx.cluster
         if (
@@ -265,16 +270,25 @@ class GpuLeases:
             and not view.group(LEASES.index, ctx.namespace)
         ):
             # Most namespaces lease nothing: one lookup, not the charge arithmetic.
-            return MutatorResult.unchanged(f"namespace {ctx.namespace} has no GpuLease: not charged")
+            return self._unstamped(pod, forged, f"namespace {ctx.namespace} has no GpuLease: not charged")
         verdict = self.decide(pod, ctx)
         if verdict is None:
-            return MutatorResult.unchanged("asks for no GPU")
+            return self._unstamped(pod, forged, "asks for no GPU")
         if not verdict.admit:
             return MutatorResult.denied(verdict.message)
         if not verdict.state or verdict.lease is None:
-            return MutatorResult.unchanged(verdict.message, *verdict.warnings)
+            return self._unstamped(pod, forged, verdict.message, *verdict.warnings)
+        if forged:
+            remove_stamp(pod)
         self.stamp(pod, ctx, verdict)
         return MutatorResult.mutated(verdict.message, *verdict.warnings)
+
+    @staticmethod
+    def _unstamped(pod: Pod, forged: bool, reason: str, *warnings: str) -> MutatorResult:
+        """Not charged: a stamp the Pod arrived with goes (it would count against a lease)."""
+        if forged and remove_stamp(pod):
+            return MutatorResult.mutated(f"{reason}; the gpu lease stamp it came with removed", *warnings)
+        return MutatorResult.unchanged(reason, *warnings)
 
     # -- deciding --------------------------------------------------------------------------------
     def decide(self, pod: Pod, ctx: RequestContext) -> Verdict | None:
@@ -584,6 +598,25 @@ class GpuLeases:
             labels[PLACEMENT_LABEL] = SPOT
 
 
+def remove_stamp(pod: Pod) -> bool:
+    """Takes the stamp's labels and annotations off the Pod; True if there was any."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    removed = False
+    for section, keys in (
+        ("labels", (LEASE_LABEL, STATE_LABEL)),
+        ("annotations", (CHARGE_ANNOTATION, DECISION_ANNOTATION, PRIORITY_ANNOTATION)),
+    ):
+        values = metadata.get(section)
+        if isinstance(values, dict):
+            for key in keys:
+                if key in values:
+                    del values[key]
+                    removed = True
+    return removed
+
+
 def build(config: GpuLeasesConfig, settings: Settings, neighbours: Neighbours) -> GpuLeases:
     return GpuLeases(config)
 
@@ -619,8 +652,6 @@ def ledger_charge(pod: Mapping[str, Any]) -> tuple[str, LedgerCharge] | None:
         or not isinstance(namespace, str)
     ):
         return None
-    from function.core.leases import parse_charge
-
     state = labels.get(STATE_LABEL)
     return f"{namespace}/{lease}", LedgerCharge(
         decision,
