@@ -92,6 +92,11 @@ EVENT_TYPES: Final = {outcome: f"{EVENT_TYPE_PREFIX}.{outcome}.v1" for outcome i
 EVENT_EXTENSIONS: Final = ("outcome", "podnamespace", "mutators")
 """Extension attributes every decision event carries, for broker Trigger filters."""
 DEFAULT_EVENT_SOURCE: Final = "/castslice/webhook"
+LEASE_EVENT_TYPE_PREFIX: Final = "io.castops.castslice.gpulease"
+LEASE_STEPS: Final = ("Activated", "OverCommitted", "Expired", "Released")
+LEASE_EVENT_TYPES: Final = {step: f"{LEASE_EVENT_TYPE_PREFIX}.{step.lower()}.v1" for step in LEASE_STEPS}
+"""One CloudEvent type per GpuLease lifecycle step the lease controller emits, versioned."""
+CONTROL_EVENT_SOURCE: Final = "/castslice/control"
 
 # --- The castslice command --------------------------------------------------------------------
 EXIT_DENIED: Final = 1

@@ -25,30 +25,39 @@ from typing import Any, Final
 from cloudevents.conversion import to_dict
 from cloudevents.http import CloudEvent
 
-from function.audit.events import DATASCHEMA_URI, EXTENSION_NAME, NO_MUTATORS, format_time, subject_for
-from function.contract import EVENT_EXTENSIONS, EVENT_TYPES, OUTCOMES
+from function.audit.events import (
+    DATASCHEMA_URI,
+    EXTENSION_NAME,
+    LEASE_DATASCHEMA_URI,
+    NO_MUTATORS,
+    format_time,
+    subject_for,
+)
+from function.contract import EVENT_EXTENSIONS, EVENT_TYPES, LEASE_EVENT_TYPES, OUTCOMES
 
 AUDIT_DB_ENV: Final = "CASTSLICE_AUDIT_DB"
 DEFAULT_AUDIT_DB: Final = "castslice-audit.sqlite3"
 SCHEMA_FILE: Final = "schemas/decision-event.v1.json"
+LEASE_SCHEMA_FILE: Final = "schemas/gpulease-event.v1.json"
 TYPE_OUTCOME: Final = {event_type: outcome for outcome, event_type in EVENT_TYPES.items()}
+TYPE_STEP: Final = {event_type: step for step, event_type in LEASE_EVENT_TYPES.items()}
 BUCKETS: Final = {"minute": 16, "hour": 13, "day": 10}
 """Time-bucket widths as prefix lengths of the stored time (2025-01-31T12:34:...)."""
 
 
 @cache
-def decision_schema() -> dict[str, Any]:
-    """The JSON Schema shipped with the package (function/schemas/), never fetched."""
-    text = resources.files("function").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+def decision_schema(name: str = SCHEMA_FILE) -> dict[str, Any]:
+    """A JSON Schema shipped with the package (function/schemas/), never fetched."""
+    text = resources.files("function").joinpath(name).read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 
 
 @cache
-def _validator() -> Any:
+def _validator(name: str = SCHEMA_FILE) -> Any:
     from jsonschema import Draft202012Validator  # imported when first needed: keeps the CLI quick
 
-    return Draft202012Validator(decision_schema())
+    return Draft202012Validator(decision_schema(name))
 
 
 class InvalidEvent(Exception):
@@ -67,39 +76,76 @@ def _parse_time(value: Any) -> datetime | None:
     return moment if moment.tzinfo is not None else None
 
 
-def event_problems(event: Mapping[str, Any]) -> list[str]:
-    """Everything wrong with a structured-mode event dict (attributes and data); [] when valid."""
+def _envelope_problems(event: Mapping[str, Any], dataschema: str) -> list[str]:
+    """What every CastSlice event must carry, whoever emits it."""
     problems: list[str] = []
     for name in ("id", "source", "type", "subject", "time"):
         if not isinstance(event.get(name), str) or not event.get(name):
             problems.append(f"attribute {name} is missing or empty")
     if event.get("specversion") != "1.0":
         problems.append(f"specversion must be 1.0 (got {event.get('specversion')!r})")
-    outcome = TYPE_OUTCOME.get(str(event.get("type")))
-    if outcome is None:
-        problems.append(f"type {event.get('type')!r} is not a CastSlice decision type")
     if event.get("datacontenttype") != "application/json":
         problems.append(f"datacontenttype must be application/json (got {event.get('datacontenttype')!r})")
-    if event.get("dataschema") != DATASCHEMA_URI:
-        problems.append(f"dataschema must be {DATASCHEMA_URI} (got {event.get('dataschema')!r})")
+    if event.get("dataschema") != dataschema:
+        problems.append(f"dataschema must be {dataschema} (got {event.get('dataschema')!r})")
     if _parse_time(event.get("time")) is None:
         problems.append(f"time {event.get('time')!r} is not an RFC 3339 timestamp")
     for name in event:
         if name != "data" and not EXTENSION_NAME.match(name):
             problems.append(f"attribute name {name!r} is not lower-case letters and digits (at most 20)")
+    return problems
+
+
+def _data_problems(data: Any, schema_file: str) -> list[str]:
+    if not isinstance(data, dict):
+        return ["data must be a JSON object"]
+    return [
+        f"data/{'/'.join(str(part) for part in error.absolute_path) or '(top)'}: {error.message[:300]}"
+        for error in sorted(_validator(schema_file).iter_errors(data), key=lambda e: list(e.absolute_path))
+    ]
+
+
+def lease_event_problems(event: Mapping[str, Any]) -> list[str]:
+    """Everything wrong with a GpuLease lifecycle event (the lease controller's); [] when valid."""
+    problems = _envelope_problems(event, LEASE_DATASCHEMA_URI)
+    step = TYPE_STEP.get(str(event.get("type")))
+    if step is None:
+        problems.append(f"type {event.get('type')!r} is not a CastSlice GpuLease lifecycle type")
+    problems += _data_problems(event.get("data"), LEASE_SCHEMA_FILE)
+    if problems:
+        return problems
+    data: dict[str, Any] = event["data"]
+    lease = data["lease"]
+    if data["step"] != step:
+        problems.append(f"type says {step} but data.step is {data['step']}")
+    expected = {"subject": f"{lease['namespace']}/{lease['name']}", "podnamespace": lease["namespace"]}
+    for name, value in expected.items():
+        if event.get(name) != value:
+            problems.append(f"attribute {name} is {event.get(name)!r} but data says {value!r}")
+    return problems
+
+
+def is_lease_event(event: Mapping[str, Any]) -> bool:
+    return str(event.get("type", "")) in TYPE_STEP
+
+
+def event_problems(event: Mapping[str, Any]) -> list[str]:
+    """Everything wrong with a structured-mode event dict (attributes and data); [] when valid.
+    Decision events and the lease controller's lifecycle events are both CastSlice's."""
+    if is_lease_event(event):
+        return lease_event_problems(event)
+    problems = _envelope_problems(event, DATASCHEMA_URI)
+    outcome = TYPE_OUTCOME.get(str(event.get("type")))
+    if outcome is None:
+        problems.append(f"type {event.get('type')!r} is not a CastSlice decision type")
     for name in EVENT_EXTENSIONS:
         if not isinstance(event.get(name), str):
             problems.append(f"extension attribute {name} is missing")
 
-    data = event.get("data")
-    if not isinstance(data, dict):
-        problems.append("data must be a JSON object")
-        return problems
-    for error in sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path)):
-        where = "/".join(str(part) for part in error.absolute_path) or "(top)"
-        problems.append(f"data/{where}: {error.message[:300]}")
+    problems += _data_problems(event.get("data"), SCHEMA_FILE)
     if problems:
         return problems
+    data: dict[str, Any] = event["data"]
 
     # The attributes repeat parts of data so Triggers can filter; they must agree.
     pod = data["pod"]
@@ -186,6 +232,19 @@ CREATE TABLE IF NOT EXISTS event_mutators (
     reason TEXT NOT NULL,
     PRIMARY KEY (source, id, mutator)
 );
+CREATE TABLE IF NOT EXISTS lease_events (
+    source TEXT NOT NULL,
+    id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    step TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    lease TEXT NOT NULL,
+    time TEXT NOT NULL,
+    received_at TEXT NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (source, id)
+);
+CREATE INDEX IF NOT EXISTS lease_events_lease ON lease_events (namespace, lease, time);
 CREATE TABLE IF NOT EXISTS rejected (
     received_at TEXT NOT NULL,
     id TEXT,
@@ -238,6 +297,8 @@ class AuditStore:
                     ),
                 )
             raise InvalidEvent(problems)
+        if is_lease_event(document):
+            return self._accept_lease_event(document, received, raw)
         data = document["data"]
         pod = data["pod"]
         moment = _parse_time(document["time"])
@@ -280,7 +341,39 @@ class AuditStore:
                 raise
         return stored
 
+    def _accept_lease_event(self, document: dict[str, Any], received: str, raw: str) -> bool:
+        lease = document["data"]["lease"]
+        moment = _parse_time(document["time"])
+        assert moment is not None  # checked by lease_event_problems
+        row = (
+            document["source"],
+            document["id"],
+            document["type"],
+            document["data"]["step"],
+            lease["namespace"],
+            lease["name"],
+            format_time(moment),
+            received,
+            raw,
+        )
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO lease_events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+            )
+        return cursor.rowcount == 1
+
     # -- reading --------------------------------------------------------------------------------
+    def lease_events(self, namespace: str | None = None, lease: str | None = None) -> list[dict[str, Any]]:
+        """Stored GpuLease lifecycle events (as received), oldest first: a lease's history."""
+        clauses, values = [], []
+        for column, value in (("namespace", namespace), ("lease", lease)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                values.append(value)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self._rows(f"SELECT event FROM lease_events{where} ORDER BY time, id", values)
+        return [json.loads(row["event"]) for row in rows]
+
     def _rows(self, sql: str, values: Iterable[Any]) -> list[sqlite3.Row]:
         with self._lock:
             return list(self._db.execute(sql, list(values)))

@@ -38,6 +38,11 @@ over HTTP in the repository the image (ghcr.io/castops/castslice) is built from.
 the file name, so the URI changes exactly when the schema changes incompatibly (CloudEvents asks
 for that), not with every release."""
 
+LEASE_DATASCHEMA_URI: Final = (
+    "https://raw.githubusercontent.com/castops/castslice/main/function/schemas/gpulease-event.v1.json"
+)
+"""The ``dataschema`` of the lease controller's lifecycle events (function/schemas/ too)."""
+
 CONTENT_TYPE: Final = "application/json"
 SPEC_VERSION: Final = "1.0"
 NO_MUTATORS: Final = "none"

@@ -211,3 +211,61 @@ def test_since_accepts_durations_and_times() -> None:
     assert parse_when("2025-01-01") == datetime(2025, 1, 1, tzinfo=UTC)
     with pytest.raises(Exception, match="neither a duration"):
         parse_when("soon")
+
+
+# -- the lease controller's lifecycle events --------------------------------------------------------
+def lifecycle(step: str, status: dict[str, Any] | None = None) -> Any:
+    """A lifecycle event exactly as `castslice control` emits it (WireEvent)."""
+    from function.control.reconcilers.gpu_leases import lifecycle_event
+    from function.core.leases import slim_lease
+
+    lease = slim_lease(
+        {
+            "metadata": {
+                "name": "h100",
+                "namespace": "ml",
+                "uid": "u1",
+                "creationTimestamp": "2026-11-25T00:00:00Z",
+            },
+            "spec": {"gpuModel": "NVIDIA-H100-80GB-HBM3", "count": 8},
+        }
+    )
+    assert lease is not None
+    status = status or {"phase": "Active", "used": "9", "queued": "0", "overage": "1", "pods": 9}
+    return lifecycle_event(step, lease, status)
+
+
+@pytest.mark.parametrize("step", ["Activated", "OverCommitted", "Expired", "Released"])
+def test_every_gpulease_lifecycle_event_the_controller_emits_is_accepted_once(
+    store: AuditStore, step: str
+) -> None:
+    event = json.loads(lifecycle(step).structured())
+    assert event_problems(event) == []
+    assert store.accept(event) is True
+    assert store.accept(event) is False  # a redelivery: no second row
+    (kept,) = store.lease_events("ml", "h100")
+    assert kept["type"] == f"io.castops.castslice.gpulease.{step.lower()}.v1" and kept["data"]["step"] == step
+    assert store.count() == 0 and store.rejected() == []  # not counted as an admission decision
+
+
+def test_a_lifecycle_event_that_contradicts_itself_is_rejected(store: AuditStore) -> None:
+    event = json.loads(lifecycle("Expired").structured())
+    event["type"] = "io.castops.castslice.gpulease.activated.v1"
+    event["subject"] = "ml/a100"
+    with pytest.raises(InvalidEvent) as raised:
+        store.accept(event)
+    assert any("type says Activated but data.step is Expired" in p for p in raised.value.problems)
+    bad_status = json.loads(lifecycle("Activated", {"phase": "Sleeping"}).structured())
+    assert any("data/status/phase" in p for p in event_problems(bad_status))
+    assert store.lease_events() == [] and len(store.rejected()) == 1
+
+
+def test_the_audit_target_stores_the_controllers_lifecycle_events(audit_client: Any, tmp_path: Path) -> None:
+    headers, body = lifecycle("OverCommitted").binary()
+    assert audit_client.post("/", headers=headers, content=body).status_code == 200
+    stored = AuditStore(tmp_path / "target.sqlite3")
+    try:
+        (kept,) = stored.lease_events()
+        assert kept["source"] == "/castslice/control" and kept["data"]["status"]["overage"] == "1"
+    finally:
+        stored.close()

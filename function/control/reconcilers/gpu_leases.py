@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from function.contract import CONTROL_EVENT_SOURCE, LEASE_EVENT_TYPES
 from function.control.kube import APPLY_PATCH, Api, ApiError, collection_path, object_path
 from function.control.reconciler import DONE, Context, Permission, ReconcilerPlugin, Requeue
 from function.core.config import Config
@@ -64,8 +65,7 @@ log = logging.getLogger("castslice.control.gpuleases")
 NAME = "gpu-leases"
 FIELD_MANAGER = "castslice-control"
 FINALIZER_MANAGER = "castslice-control-finalizer"
-EVENT_SOURCE = "/castslice/control"
-EVENT_TYPE = "io.castops.castslice.gpulease.{step}.v1"
+EVENT_SOURCE = CONTROL_EVENT_SOURCE
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 RESYNC_SECONDS = 600.0
 """Every lease is reconciled at least this often (GPU-hours move on; a missed event is repaired)."""
@@ -533,7 +533,7 @@ class LeaseReconciler:
 
 def lifecycle_event(step: str, lease: Lease, status: Mapping[str, Any], source: str = EVENT_SOURCE) -> Any:
     """A lifecycle CloudEvent for the audit stream (the same sinks as admission decisions)."""
-    from function.audit.events import format_time
+    from function.audit.events import LEASE_DATASCHEMA_URI, format_time
     from function.audit.sinks import WireEvent, compact_json
 
     event_id = str(uuid.uuid4())
@@ -547,10 +547,11 @@ def lifecycle_event(step: str, lease: Lease, status: Mapping[str, Any], source: 
         "specversion": "1.0",
         "id": event_id,
         "source": source,
-        "type": EVENT_TYPE.format(step=step.lower()),
+        "type": LEASE_EVENT_TYPES[step],
         "subject": f"{lease.namespace}/{lease.name}",
         "time": format_time(datetime.now(UTC)),
         "datacontenttype": "application/json",
+        "dataschema": LEASE_DATASCHEMA_URI,
         "podnamespace": lease.namespace,
     }
     return WireEvent(event_id, attributes, compact_json(data))
