@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from function.core.pod import controller_of
@@ -412,6 +413,8 @@ def parse_charge(raw: Any) -> int:
     """CHARGE_ANNOTATION's value -> milli-GPU (0 when missing or not a quantity)."""
     if not isinstance(raw, str):
         return 0
+    if raw.endswith("m") and 1 < len(raw) <= 16 and raw[:-1].isascii() and raw[:-1].isdigit():
+        return int(raw[:-1])  # what the webhook writes (charge_text): no Fraction on every review
     try:
         value = Fraction(parse_quantity(raw)) * 1000
     except QuantityError:
@@ -542,7 +545,10 @@ def gpus(milli: int) -> str:
     return str(whole) if not rest else f"{milli / 1000:.3f}".rstrip("0")
 
 
+@lru_cache(maxsize=1024)
 def until(moment: datetime | None) -> str:
+    """A window's edge as people read it; cached, since every answer about a lease names its end
+    (strftime of an aware datetime is a large part of a decision otherwise)."""
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "no end"
 
 
@@ -563,6 +569,8 @@ class ChargeUnits:
 
 
 _MIG = re.compile(r"^(?P<g>\d+)g\.\d+gb\Z")
+MAPPING = (dict, Mapping)
+"""For isinstance on the charge's hot path: a Pod's parts are dicts, found without the ABC check."""
 
 
 def _amount(resources: Mapping[str, Any], name: str) -> Fraction | int:
@@ -579,11 +587,11 @@ def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: st
     """milli-GPU one container asks for (limits and requests together: extended resources have
     both, equal). Integer arithmetic for the common whole-GPU case; Fractions only for shares."""
     resources = container.get("resources")
-    if not isinstance(resources, Mapping):
+    if not isinstance(resources, MAPPING):
         return 0
     limits, requests = resources.get("limits"), resources.get("requests")
-    asked: Mapping[str, Any] = limits if isinstance(limits, Mapping) else {}
-    if isinstance(requests, Mapping) and requests:
+    asked: Mapping[str, Any] = limits if isinstance(limits, MAPPING) else {}
+    if isinstance(requests, MAPPING) and requests:
         asked = {**requests, **asked} if asked else requests
     if not asked:
         return 0
@@ -615,15 +623,15 @@ def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: st
 def uses_shared(pod: Mapping[str, Any], units: ChargeUnits) -> bool:
     """Whether the Pod asks for time slices (whose size depends on the model)."""
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, MAPPING):
         return False
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            if isinstance(resources, Mapping):
+            resources = container.get("resources") if isinstance(container, MAPPING) else None
+            if isinstance(resources, MAPPING):
                 for section in ("limits", "requests"):
                     values = resources.get(section)
-                    if isinstance(values, Mapping) and units.shared in values:
+                    if isinstance(values, MAPPING) and units.shared in values:
                         return True
     return False
 
@@ -632,14 +640,14 @@ def pod_charge(pod: Mapping[str, Any], units: ChargeUnits, model: str = "") -> i
     """The Pod's milli-GPU as the scheduler reserves it: app containers and sidecars together,
     or the largest init container (with the sidecars started before it), whichever is more."""
     spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = spec if isinstance(spec, MAPPING) else {}
     app = sum(
-        container_charge(c, units, model) for c in spec.get("containers") or () if isinstance(c, Mapping)
+        container_charge(c, units, model) for c in spec.get("containers") or () if isinstance(c, MAPPING)
     )
     sidecars = 0
     init_peak = 0
     for container in spec.get("initContainers") or ():
-        if not isinstance(container, Mapping):
+        if not isinstance(container, MAPPING):
             continue
         charge = container_charge(container, units, model)
         if container.get("restartPolicy") == "Always":
