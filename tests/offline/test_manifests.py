@@ -212,7 +212,9 @@ def test_eventing_component_only_adds_eventing(plain):
     assert added == {
         ("Broker", "castslice"),
         ("Trigger", AUDIT_NAME),
+        ("Trigger", f"{AUDIT_NAME}-gpuleases"),
         ("SinkBinding", "castslice"),
+        ("SinkBinding", "castslice-control"),
         ("Service", AUDIT_NAME),
         ("ServiceAccount", AUDIT_NAME),
     }
@@ -638,7 +640,7 @@ def decision_event(outcome: str, source: str) -> dict[str, str]:
 def test_trigger_delivers_decision_events_to_the_audit_consumer(with_eventing, tmp_path):
     _, objs = with_eventing
     source = castslice_config(objs, tmp_path).audit.source
-    (trigger,) = by_kind(objs, "Trigger", "eventing.knative.dev")
+    trigger = one(objs, "Trigger", AUDIT_NAME, "eventing.knative.dev")
     broker = one(objs, "Broker", trigger["spec"]["broker"], "eventing.knative.dev")
     assert broker["metadata"]["namespace"] == trigger["metadata"]["namespace"]
     ref = trigger["spec"]["subscriber"]["ref"]
@@ -666,9 +668,30 @@ def test_trigger_delivers_decision_events_to_the_audit_consumer(with_eventing, t
     assert not trigger_matches(trigger, next_version), "the consumer reads v1 events"
 
 
+def test_the_lease_controllers_events_reach_the_audit_consumer_and_decisions_do_not_twice(with_eventing):
+    _, objs = with_eventing
+    trigger = one(objs, "Trigger", f"{AUDIT_NAME}-gpuleases", "eventing.knative.dev")
+    assert trigger["spec"]["subscriber"] == one(objs, "Trigger", AUDIT_NAME)["spec"]["subscriber"]
+    for step, event_type in contract.LEASE_EVENT_TYPES.items():
+        event = {"specversion": "1.0", "id": "1", "type": event_type, "source": contract.CONTROL_EVENT_SOURCE}
+        assert trigger_matches(trigger, event) and legacy_trigger_matches(trigger, event), step
+    for outcome in contract.OUTCOMES:
+        assert not trigger_matches(trigger, decision_event(outcome, "/castslice/webhook")), outcome
+    binding = one(objs, "SinkBinding", "castslice-control", "sources.knative.dev")
+    assert binding["spec"]["subject"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "castslice-control",
+    }
+    assert (
+        binding["spec"]["sink"]
+        == one(objs, "SinkBinding", "castslice", "sources.knative.dev")["spec"]["sink"]
+    )
+
+
 def test_sink_binding_gives_the_webhook_k_sink(with_eventing):
     directory, objs = with_eventing
-    (binding,) = by_kind(objs, "SinkBinding", "sources.knative.dev")
+    binding = one(objs, "SinkBinding", "castslice", "sources.knative.dev")
     sink = binding["spec"]["sink"]["ref"]
     one(objs, sink["kind"], sink["name"], sink["apiVersion"].rpartition("/")[0])
     subject = binding["spec"]["subject"]
