@@ -21,7 +21,7 @@ from function.core.leases import (
 )
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView, LedgerCharge
-from function.core.view import StaticView
+from function.core.view import IndexState, StaticView, View
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
@@ -331,3 +331,36 @@ def test_the_charge_counts_as_the_scheduler_does(spec: dict[str, Any], needed: s
     p["spec"].update(spec)
     assert decide(p, view([lease_obj()])).action == Action.mutated
     assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == needed
+
+
+class SumsOnly(View):
+    """The webhook's view, whose charged-Pods groups cannot be read: a decision must take the
+    sums the view keeps per lease (kept as watch events arrive), never walk a lease's Pods."""
+
+    def group(self, name: str, key: str) -> Any:
+        if name == CHARGED_PODS.index:
+            raise AssertionError(f"walked the charged Pods of {key}")
+        return super().group(name, key)
+
+
+def test_the_decision_reads_the_sums_the_view_keeps_and_never_walks_the_pods() -> None:
+    pods = [charged("h100", 1000, i) for i in range(7)]
+    indices = {
+        LEASES.index: IndexState.build({"lease-ml-h100": slim_lease(lease_obj())}, LEASES),
+        CHARGED_PODS.index: IndexState.build(
+            {CHARGED_PODS.key(p): slim_charged_pod(p) for p in pods}, CHARGED_PODS
+        ),
+    }
+    v = LeaseView(SumsOnly(indices), NOW)
+    assert decide(pod(1), v).reason.startswith(
+        "Charged: gpu lease h100 (NVIDIA-H100-80GB-HBM3): charged (7 of 8"
+    )
+    refused = decide(pod(2), v)
+    assert refused.action == Action.denied and "7 of 8 GPU in use, this Pod needs 2" in refused.reason
+    # One more charged Pod, put as the watch puts it: the sums move, still without a walk.
+    eighth = charged("h100", 1000, 8)
+    state = indices[CHARGED_PODS.index].put(
+        CHARGED_PODS.key(eighth), slim_charged_pod(eighth), CHARGED_PODS.group_by, CHARGED_PODS.tally
+    )
+    full = LeaseView(SumsOnly({**indices, CHARGED_PODS.index: state}), NOW)
+    assert "8 of 8 GPU in use" in decide(pod(1), full).reason
