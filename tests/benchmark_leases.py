@@ -5,16 +5,22 @@ Not a test (pytest does not collect it, nothing here asserts a time): run it by 
     python tests/benchmark_leases.py                  # 10,000 and 100,000 charged Pods, 100 leases
     python tests/benchmark_leases.py --pods 20000     # one size
 
-Printed, for each size:
+Printed, for each size, p50 and p99 of each measure, all taken in the same run, one call of each
+per round in an order that rotates every round (so the machine's other work falls on every side
+alike), and the difference at p50 with the review each is compared with:
 
-- review p50/p99: a whole review through the real webhook (parse, snapshot with the lease ledger
-  and the turns, engine, patch proof, reply, ledger record) of a GPU Pod in a leased namespace
-  (charged: the stamp is a patch), against the same webhook with ``gpuLeases`` off (the review
-  without leases, unchanged), and the same Pod in a namespace without a lease with ``gpuLeases``
-  on (the lookups alone);
-- decision p50/p99: the gpuLeases mutator alone (choose the lease, read the sums, judge, stamp);
-- held per Pod: resident memory growth per charged Pod kept by the view (records, the by-lease
-  layout and its sums), put one event at a time as the watch does (target: at most 1 KiB).
+- review without leases: a whole review through the real webhook (parse, engine, patch proof,
+  reply) with knative/base/config.yaml as shipped (gpuSlicing and podMutations on, the Pod not
+  opted in to slicing: unchanged);
+- with gpuLeases, namespace without lease: the same webhook plus ``gpuLeases`` (the snapshot with
+  the lease ledger and the turns, one lookup), for the same Pod in a namespace that leases nothing;
+- with gpuLeases, Pod charged: the Pod in a leased namespace: the decision, the stamp (labels,
+  annotations, the model's nodeSelector) as a patch that is proven and sent, the ledger record;
+- sliced, without and with gpuLeases: a Pod gpuSlicing mutates, so both sides send a patch and the
+  difference is what charging adds to a review that changes the Pod anyway;
+- lease decision alone: the mutator's decide (choose the lease, read its sums, judge);
+- held per charged Pod: resident memory growth per charged Pod kept by the view (records, the
+  by-lease layout and its sums), put one event at a time as the watch does (target: at most 1 KiB).
 """
 
 from __future__ import annotations
@@ -126,11 +132,11 @@ def held_index(pods: int) -> tuple[IndexState, float]:
     return state, (after - before) / pods
 
 
-def review_body(namespace: str) -> bytes:
+def review_body(namespace: str, annotations: dict[str, str] | None = None) -> bytes:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"generateName": "train-", "namespace": namespace},
+        "metadata": {"generateName": "train-", "namespace": namespace, "annotations": annotations or {}},
         "spec": {
             "containers": [
                 {
@@ -213,6 +219,8 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
     without = build_webhook(shipped_configuration(False), environ, watches=(), freeze_gc=False)
     without.admission.cluster = lambda: view  # the same view (PodMutations read it): only gpuLeases differs
     body, elsewhere = review_body("team-042"), review_body("no-lease-here")
+    # Opted in to slicing: gpuSlicing mutates it either way, so both sides send a patch.
+    sliced = review_body("team-042", {"castops.io/optimize": "true", "castops.io/workload-type": "inference"})
 
     def charged() -> None:
         answer = with_leases.admission.review(parse_review(body))
@@ -229,6 +237,17 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
         answer = with_leases.admission.review(parse_review(elsewhere))
         assert answer.decision is not None and answer.decision.outcome != "denied", answer.decision
 
+    def sliced_plain() -> None:
+        answer = without.admission.review(parse_review(sliced))
+        assert answer.decision is not None and answer.decision.outcome == "mutated", answer.decision
+
+    def sliced_charged() -> None:
+        answer = with_leases.admission.review(parse_review(sliced))
+        decision = answer.decision
+        assert decision is not None and decision.outcome == "mutated", decision
+        assert "gpu-leases" in decision.reason and "gpu-slicing" in decision.reason, decision.reason
+        ledger._entries.clear()
+
     mutator = GpuLeases(GpuLeasesConfig(enabled=True))
     pod = json.loads(body)["request"]["object"]
     lease_view = LeaseView(view, NOW)
@@ -238,7 +257,14 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
         verdict = mutator.decide(pod, ctx)
         assert verdict is not None and verdict.reason == "Charged", verdict
 
-    calls = {"plain": plain, "charged": charged, "unleased": unleased, "decision": decision}
+    calls = {
+        "plain": plain,
+        "charged": charged,
+        "unleased": unleased,
+        "sliced_plain": sliced_plain,
+        "sliced_charged": sliced_charged,
+        "decision": decision,
+    }
     side_by_side(calls, 200)  # warm up
     gc.collect()
     gc.freeze()
@@ -250,6 +276,17 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
         "p99": {name: percentile(values, 0.99) for name, values in samples.items()},
         "held_per_pod": per_pod,
     }
+
+
+ROWS = (
+    ("plain", "review without leases (shipped config)", ""),
+    ("unleased", "with gpuLeases, namespace without lease", "plain"),
+    ("charged", "with gpuLeases, Pod charged", "plain"),
+    ("sliced_plain", "sliced by gpuSlicing, without leases", ""),
+    ("sliced_charged", "sliced, and charged with gpuLeases", "sliced_plain"),
+    ("decision", "lease decision alone", ""),
+)
+"""What is printed: (sample, label, the sample it is compared with at p50)."""
 
 
 def main() -> int:
@@ -266,14 +303,9 @@ def main() -> int:
         r = measure(pods, args.reviews)
         p50, p99 = r["p50"], r["p99"]
         print(f"{pods:>7} charged Pods, {LEASE_COUNT} leases in view (p50 / p99, us):")
-        for name, label in (
-            ("plain", "review without leases (shipped config)"),
-            ("unleased", "with gpuLeases, namespace without lease"),
-            ("charged", "with gpuLeases, Pod charged"),
-        ):
-            extra = "" if name == "plain" else f"   {p50[name] - p50['plain']:+7.1f} us at p50"
+        for name, label, against in ROWS:
+            extra = f"   {p50[name] - p50[against]:+7.1f} us at p50" if against else ""
             print(f"  {label:<42} {p50[name]:7.1f} / {p99[name]:7.1f}{extra}")
-        print(f"  {'lease decision alone':<42} {p50['decision']:7.1f} / {p99['decision']:7.1f}")
         print(f"  {'held per charged Pod':<42} {r['held_per_pod']:7.0f} bytes")
     return 0
 
