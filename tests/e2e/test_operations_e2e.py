@@ -437,7 +437,9 @@ def test_drift_names_exactly_the_pods_created_while_the_webhook_was_down(
         wanted = ["gpu-slicing"] if is_gpu(pod) else ["spot"]
         assert [m["mutator"] for m in by_uid[uid]["mutators"]] == wanted, by_uid[uid]
     record_property(
-        "drift_offline", f"{len(missed)} of {len(everything)} Pods named, {report['judged']} judged"
+        "drift_offline",
+        f"{len(report['pods'])} Pods named of {report['judged']} judged, exactly the {len(missed)} "
+        f"created while the webhook was down ({len(everything)} Pods in the namespace)",
     )
     print(
         f"\n[ops e2e] drift offline: {len(report['pods'])} Pods named of {report['judged']} judged: "
@@ -477,10 +479,74 @@ def test_drift_names_exactly_the_pods_created_while_the_webhook_was_down(
         }
 
     eventually(lambda: figures() == {"gpu-slicing": 2.0, "spot": 5.0}, 3 * DRIFT_INTERVAL + 30, "the figures")
+    record_property(
+        "drift_controller", f"{len(found())} Pods, one event each; castslice_drift_pods {figures()}"
+    )
     print(
         f"[ops e2e] drift in castslice control: {len(wanted)} Pods, one event each; "
         f"castslice_drift_pods {figures()}"
     )
+
+
+def test_the_rules_and_the_dashboard_read_only_series_the_running_processes_serve(
+    ops: dict[str, Any], tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """Every metric name knative/components/monitoring queries is on the /metrics of a running
+    process: a webhook replica, the leading controller, or the apiserver (whose webhook series
+    exist once it called a webhook and failed open: the drift test above stopped ours). Runs after
+    the drift test, before the apiserver restart resets the apiserver's counters."""
+    from tests.deploy.test_monitoring import queried_names, served_names
+
+    replicas: Replicas = ops["replicas"]
+    controllers: Controllers = ops["controllers"]
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    up = os.path.relpath(KNATIVE_DIR, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"{up}/overlays/deployment"],
+                "components": [f"{up}/components/controller", f"{up}/components/monitoring"],
+            }
+        )
+    )
+    rendered = render(overlay)
+    rules = one(rendered, "PrometheusRule", "castslice")["spec"]
+    dashboard = json.loads(one(rendered, "ConfigMap", "castslice-dashboard")["data"]["castslice.json"])
+    queried = queried_names(rules, dashboard)
+
+    while len(replicas.running) < 2:
+        replicas.start()
+    eventually(lambda: controllers.leader() is not None, 60, "one controller leading")
+    leader = controllers.leader()
+    assert leader is not None
+    status, apiserver = ops["plane"].get("/metrics", timeout=30)
+    assert status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{leader.port}/metrics", timeout=5) as reply:
+        controller = reply.read().decode()
+    served = {
+        "webhook": served_names(replicas.running[0].metrics()),
+        "controller": served_names(controller),
+        "apiserver": served_names(apiserver.decode()),
+    }
+    missing = queried - set().union(*served.values())
+    # The lease reconciler does not run in this module (gpuLeases off); test_monitoring holds its
+    # series to what it registers.
+    not_running = {name for name in missing if name.startswith("castslice_gpulease_")}
+    found = {part: sorted(queried & names) for part, names in served.items()}
+    record_property(
+        "metric_names",
+        f"{len(queried)} names queried: {len(queried - missing)} served by the running processes "
+        f"({ {part: len(names) for part, names in found.items()} }), {len(not_running)} by the "
+        f"lease reconciler (not run here), {len(missing - not_running)} missing",
+    )
+    assert missing - not_running == set(), found
+    assert {n for n in queried if n.startswith("apiserver_")} <= served["apiserver"]
+    # The apiserver's series carry the webhook's name, which the rules select on.
+    assert "apiserver_admission_webhook_fail_open_count{" in apiserver.decode()
+    assert f'name="{WEBHOOK}"' in apiserver.decode()
 
 
 class Load:
@@ -665,8 +731,11 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     failed_open = fail_open_count(ops["plane"]) - fail_open_before
     refused, no_endpoint = proxy.refused - refused_before, proxy.no_endpoint - no_endpoint_before
 
+    # Lost: a Pod stored without its mutation, a create that failed, a call the apiserver failed open.
+    lost = len(unsliced) + len(unplaced) + len(load.errors) + int(failed_open)
     summary = (
-        f"{len(pods)} Pods created in {elapsed:.0f} s ({len(pods) / elapsed:.1f}/s): {len(gpu)} GPU Pods, "
+        f"lost {lost}; {len(pods)} Pods created in {elapsed:.0f} s ({len(pods) / elapsed:.1f}/s): "
+        f"{len(gpu)} GPU Pods, "
         f"{len(gpu) - len(unsliced)} sliced; {len(placed)} ReplicaSet Pods in {len(splits)} ReplicaSets, "
         f"{len(placed) - len(unplaced)} placed, {list(deviations.values()).count(0)} splits exact "
         f"(spot - floor(n x 40 %): {sorted(deviations.values())}); "
