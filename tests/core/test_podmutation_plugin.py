@@ -479,3 +479,70 @@ def test_skipped_extended_paths_are_recorded_in_the_decision() -> None:
         "; skipped: patches [0] replace /spec/tolerations/[key=absent]/value: selects nothing"
     )
     assert not decision.warnings
+
+
+# --- issue 25: decisions lost or widened -------------------------------------------------------------
+
+NULL_PARTS_TERMS = [
+    {"matchExpressions": None, "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+    {"matchFields": None, "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+]
+
+
+def gpu_pod_with_required_terms(terms: list[Any]) -> dict[str, Any]:
+    p = pod()
+    p["metadata"]["annotations"] = {"castops.io/optimize": "true"}
+    p["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "1"},
+        "requests": {"nvidia.com/gpu": "1"},
+    }
+    p["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
+    return p
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}}},
+        {"nodeTemplatesToConsolidate": ["t1"]},
+    ],
+    ids=["affinity", "consolidation"],
+)  # fmt: skip
+def test_null_match_expressions_or_fields_keep_the_whole_decision(spec: dict[str, Any]) -> None:
+    """A term with ``matchExpressions: null`` (or ``matchFields: null``) is a term without them:
+    the mutation is ANDed into it, and the rest of the decision (GPU slicing) stays."""
+    cluster = view(pm("m", spec))
+    decision = Engine(parse_config({"podMutations": {"enabled": True}})).decide(
+        gpu_pod_with_required_terms(copy_json(NULL_PARTS_TERMS)),
+        RequestContext(uid="u", namespace="prod", cluster=cluster),
+    )
+    assert decision.outcome == "mutated", decision.reason
+    assert [d.mutator for d in decision.decisions if d.action.value == "mutated"] == [
+        "gpu-slicing",
+        "pod-mutations",
+    ]
+    terms = decision.mutated_pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    added = "gpu" if "affinity" in spec else TEMPLATE
+    assert all(any(e["key"] == added for e in term["matchExpressions"]) for term in terms)
+    assert terms[0]["matchFields"] == NULL_PARTS_TERMS[0]["matchFields"]
+
+
+@pytest.mark.parametrize(
+    "empty", [{}, {"matchExpressions": None}, {"matchExpressions": [], "matchFields": []}]
+)
+def test_an_empty_node_selector_term_stays_empty(empty: dict[str, Any]) -> None:
+    """An empty term matches no node; ANDing an expression into it would make it match nodes and
+    widen where the Pod may run. The other terms are narrowed as usual."""
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    cluster = view(pm("m", {"nodeTemplatesToConsolidate": ["t1"]}))
+    decision = decide(engine(), gpu_pod_with_required_terms([copy_json(empty), copy_json(zone)]), cluster)
+    terms = decision.mutated_pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0] == empty
+    assert terms[1]["matchExpressions"][-1] == {"key": TEMPLATE, "operator": "In", "values": ["t1"]}

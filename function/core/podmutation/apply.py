@@ -136,11 +136,19 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
     else:
         new_terms = []
         for old in existing:
+            if isinstance(old, Mapping) and not _readable_term(old):
+                # An empty term (no expressions: absent, null or []) matches no node, and ANDing
+                # into it would make it match some: it stays as it is. So does a term whose parts
+                # are not lists, which the apiserver rejects whatever is added to it.
+                new_terms.append(_term_copy(old))
+                continue
             for term in terms:
                 merged = _term_copy(old) if isinstance(old, Mapping) else {}
                 for part in ("matchExpressions", "matchFields"):
-                    for expression in term.get(part, []):
-                        items = merged.setdefault(part, [])
+                    for expression in term.get(part) or ():
+                        items = merged.get(part)
+                        if not isinstance(items, list):  # absent or null: the same as []
+                            items = merged[part] = []
                         if expression not in items:
                             items.append(copy_json(expression))  # one object per term, never shared
                 new_terms.append(merged)
@@ -151,6 +159,13 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
         required = affinity[REQUIRED] = {}
     required["nodeSelectorTerms"] = new_terms
     return True
+
+
+def _readable_term(term: Mapping[str, Any]) -> bool:
+    """Whether a node selector term selects anything and can take more expressions: some
+    matchExpressions or matchFields, and each part a list or null."""
+    parts = [term.get("matchExpressions"), term.get("matchFields")]
+    return any(parts) and all(part is None or isinstance(part, list) for part in parts)
 
 
 def _term_copy(term: Mapping[str, Any]) -> dict[str, Any]:
