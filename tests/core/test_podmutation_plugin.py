@@ -546,3 +546,66 @@ def test_an_empty_node_selector_term_stays_empty(empty: dict[str, Any]) -> None:
     ]["nodeSelectorTerms"]
     assert terms[0] == empty
     assert terms[1]["matchExpressions"][-1] == {"key": TEMPLATE, "operator": "In", "values": ["t1"]}
+
+
+# --- issue 25: bounded cost --------------------------------------------------------------------------
+
+CATASTROPHIC = "(a+)+b"
+"""Exponential for a backtracking engine: Python's re took 3.2 s on a name of 27 ``a``s."""
+
+
+@pytest.mark.parametrize("name_length", [30, 100_000])
+def test_a_catastrophic_pattern_and_a_long_name_decide_in_linear_time(name_length: int) -> None:
+    """RE2 (Go's regexp, as CAST AI's mutator) matches in time linear in the name: well under a
+    millisecond here, where backtracking would take minutes at 30 characters and forever beyond.
+    The bound is far above the expected cost; it only says the review does not hang."""
+    import time
+
+    cluster = view(
+        pm("v1", {"filter": {"workload": {"names": [CATASTROPHIC]}}, "labels": {"by": "v1"}}),
+        pm(
+            "v2",
+            {
+                "filterV2": {"workload": {"names": [{"type": "regex", "value": CATASTROPHIC}]}},
+                "labels": {"by": "v2"},
+            },
+        ),
+        pm("fallback", {"labels": {"by": "fallback"}}),
+    )
+    started = time.perf_counter()
+    decision = decide(engine(), pod("a" * name_length), cluster)
+    assert time.perf_counter() - started < 2.0
+    assert decision.mutated_pod["metadata"]["labels"] == {"by": "fallback"}  # no name ends in b
+    assert decide(engine(), pod("a" * name_length + "b"), cluster).mutated_pod["metadata"]["labels"] == {
+        "by": "v1"  # v1 and v2 match with the same rank: the name decides
+    }
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("(?=a)a", "invalid perl operator: (?="),
+        (r"(a)\1", r"invalid escape sequence: \1"),
+        ("a++", "bad repetition operator: ++"),
+        (r"web\Z", r"invalid escape sequence: \Z"),
+        ("a{1001}", "invalid repetition size: {1001}"),
+    ],
+)
+def test_what_re2_cannot_run_is_refused_at_validation_naming_the_pattern(
+    pattern: str, why: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Backreferences, lookaround, possessive quantifiers, Python's \\Z: Go's regexp (and so CAST
+    AI) refuses them too. Refused by the validating webhook and ``castslice mutations validate``."""
+    bad_v1 = pm("bad-v1", {"filter": {"workload": {"names": [pattern]}}})
+    bad_v2 = pm("bad-v2", {"filterV2": {"pod": {"labels": {"matchers": [
+        {"keyMatcher": {"type": "regex", "value": pattern}}]}}}})  # fmt: skip
+    client = asgi_client(monkeypatch)
+    for obj, field in ((bad_v1, "spec.filter.workload.names"), (bad_v2, "spec.filterV2.pod.labels")):
+        response = client.post("/validate/podmutations", json=validation_review(obj)).json()["response"]
+        assert response["allowed"] is False
+        message = response["status"]["message"]
+        assert field in message and repr(pattern) in message and why in message, message
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad_v1))
+    code, _, err = run_cli(["mutations", "validate", str(path)], monkeypatch)
+    assert code == 1 and repr(pattern) in err and why in err

@@ -5,12 +5,12 @@ view's index holds it (the WatchSpec's ``slim`` is ``compile_object``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, compile_operations
+from function.core.podmutation.regex import LinearRegex, compile_linear
 from function.core.podmutation.spec import (
     CASTAI_GROUP,
     CASTAI_VERSION,
@@ -34,7 +34,7 @@ EXACT, REGEX, NONE = 2, 1, 0
 @dataclass(frozen=True)
 class TextMatcher:
     value: str
-    regex: re.Pattern[str] | None = None
+    regex: LinearRegex | None = None  # RE2: linear in the text, whatever the pattern
     exact: bool = True  # False: a filterV2 ``regex`` matcher (never counts as an exact match)
 
     def level(self, text: str) -> int:
@@ -46,16 +46,16 @@ class TextMatcher:
 
     @classmethod
     def plain_or_regex(cls, value: str) -> TextMatcher:
-        return cls(value, re.compile(value) if is_regex(value) else None)
+        return cls(value, compile_linear(value) if is_regex(value) else None)
 
     @classmethod
     def typed(cls, matcher: Matcher) -> TextMatcher:
         if matcher.type == "regex":
-            return cls(matcher.value, re.compile(matcher.value), exact=False)
+            return cls(matcher.value, compile_linear(matcher.value), exact=False)
         return cls(matcher.value)
 
 
-ANY_VALUE = TextMatcher("", re.compile(r"(?s).*"), exact=False)
+ANY_VALUE = TextMatcher("", compile_linear(r"(?s).*"), exact=False)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from function.core.podmutation.jsonpatch_ext import compile_operations
+from function.core.podmutation.regex import RegexError, compile_linear
 
 OUR_GROUP = "castops.io"
 OUR_VERSION = "v1alpha1"
@@ -35,7 +36,8 @@ _QUALIFIED_NAME = re.compile(
 )
 _LABEL_VALUE = re.compile(rf"^({_NAME_PART})?\Z")
 MAX_REGEX = 256
-"""Filter regexes run on every admission: keep them short (Python's re backtracks)."""
+"""Filter regexes run on every admission, in linear time (RE2, function/core/podmutation/regex.py);
+the bound keeps their compiled form small."""
 
 
 def check_qualified_name(value: str, what: str) -> str:
@@ -70,9 +72,9 @@ def check_pattern(value: str) -> str:
         raise ValueError(f"{value[:40]!r}... is longer than {MAX_REGEX} characters")
     if is_regex(value):
         try:
-            re.compile(value)
-        except re.error as error:
-            raise ValueError(f"{value!r} is not a valid regex: {error}") from None
+            compile_linear(value)
+        except RegexError as error:
+            raise ValueError(str(error)) from None
     return value
 
 
@@ -126,9 +128,9 @@ class Matcher(Model):
             raise ValueError(f"value is longer than {MAX_REGEX} characters")
         if self.type == "regex":
             try:
-                re.compile(self.value)
-            except re.error as error:
-                raise ValueError(f"value {self.value!r} is not a valid regex: {error}") from None
+                compile_linear(self.value)
+            except RegexError as error:
+                raise ValueError(f"value {error}") from None
         return self
 
 
