@@ -609,3 +609,94 @@ def test_what_re2_cannot_run_is_refused_at_validation_naming_the_pattern(
     path.write_text(yaml.safe_dump(bad_v1))
     code, _, err = run_cli(["mutations", "validate", str(path)], monkeypatch)
     assert code == 1 and repr(pattern) in err and why in err
+
+
+# --- issue 25: a PodMutation patch that breaks extended resources is dropped alone ------------------
+
+
+def sliced_gpu_pod() -> dict[str, Any]:
+    p = gpu_pod_with_required_terms([{"matchExpressions": [{"key": "zone", "operator": "Exists"}]}])
+    p["metadata"]["annotations"]["example.com/fraction"] = "0.5"
+    return p
+
+
+@pytest.mark.parametrize(
+    ("patches", "problem"),
+    [
+        ([{"op": "remove", "path": "/spec/containers/*/resources/limits"}], "has a request but no limit"),
+        (
+            [{"op": "copy", "from": "/metadata/annotations/example.com~1fraction",
+              "path": "/spec/containers/0/resources/limits/example.com~1fpga"}],
+            "must be an integer",
+        ),
+    ],
+    ids=["remove-limits", "copy-a-fraction"],
+)  # fmt: skip
+def test_a_patch_breaking_extended_resources_is_dropped_and_the_slicing_kept(
+    patches: list[dict[str, Any]], problem: str
+) -> None:
+    """The proof runs on the PodMutation's patch list alone: the list is not applied, a warning
+    names the PodMutation, and the rest of the decision (its labels, GPU slicing) is sent."""
+    cluster = view(pm("gpu-limits", {"labels": {"team": "ml"}, "patches": patches}, generation=3))
+    decision = decide(engine(), sliced_gpu_pod(), cluster)
+    assert decision.outcome == "mutated", decision.reason
+    resources = decision.mutated_pod["spec"]["containers"][0]["resources"]
+    assert resources == {
+        "limits": {"nvidia.com/gpu-shared": "1"},
+        "requests": {"nvidia.com/gpu-shared": "1"},
+    }
+    assert decision.mutated_pod["metadata"]["labels"] == {"team": "ml"}
+    (warning,) = decision.warnings
+    assert warning.startswith("podmutation gpu-limits/3: patches not applied: the Pod would be invalid")
+    (part,) = [d for d in decision.decisions if d.mutator == "pod-mutations"]
+    assert problem in part.reason
+
+
+@pytest.mark.parametrize(
+    ("patch", "refusal"),
+    [
+        (
+            {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu", "value": "0.5"},
+            "spec.patches: patches[0]: limits[nvidia.com/gpu] '0.5' must be a whole number",
+        ),
+        (
+            {"op": "replace", "path": "/spec/containers/*/resources",
+             "value": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}}},
+            "spec.patches: patches[0]: nvidia.com/gpu request must equal its limit",
+        ),
+        (
+            {"op": "remove", "path": "/spec/containers/*/resources/limits/nvidia.com~1gpu"},
+            "spec.patches: patches[0]: removes the limit of nvidia.com/gpu but not its request",
+        ),
+    ],
+)  # fmt: skip
+def test_patches_known_to_break_extended_resources_are_refused_at_validation(
+    patch: dict[str, Any], refusal: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bad = pm("bad", {"patches": [patch]})
+    response = asgi_client(monkeypatch).post("/validate/podmutations", json=validation_review(bad)).json()
+    assert response["response"]["allowed"] is False
+    assert refusal in response["response"]["status"]["message"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    code, _, err = run_cli(["mutations", "validate", str(path)], monkeypatch)
+    assert code == 1 and refusal in err
+
+
+def test_removing_whole_limits_is_accepted_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether it breaks the rules depends on the Pod (a container asking for a GPU): a warning at
+    ``kubectl apply``; a list that removes the request too is accepted silently."""
+    warned = pm("warned", {"patches": [{"op": "remove", "path": "/spec/containers/*/resources/limits"}]})
+    client = asgi_client(monkeypatch)
+    response = client.post("/validate/podmutations", json=validation_review(warned)).json()["response"]
+    assert response["allowed"] is True
+    (warning,) = response["warnings"]
+    assert warning.startswith("spec.patches[0]: removes resources.limits")
+    both = pm("both", {"patches": [
+        {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"},
+        {"op": "remove", "path": "/spec/containers/0/resources/requests/nvidia.com~1gpu"},
+    ]})  # fmt: skip
+    assert client.post("/validate/podmutations", json=validation_review(both)).json()["response"] == {
+        "uid": "v-1",
+        "allowed": True,
+    }

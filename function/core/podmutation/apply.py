@@ -36,7 +36,7 @@ from function.core.podmutation.spec import (
     PodMutationSpec,
     SpotMode,
 )
-from function.core.rules import scheduling_violations
+from function.core.rules import introduced_violations, scheduling_violations
 from function.core.view import MUTATION_GROUP_ANNOTATION
 
 MARK_ANNOTATION = "castops.io/pod-mutation"
@@ -184,10 +184,12 @@ def add_preferred(spec: dict[str, Any], preferred: Sequence[Mapping[str, Any]]) 
 
 
 def pod_shape_problem(pod: Any, before: Any = None) -> str | None:
-    """What the apiserver would refuse in the Pod's placement fields (labels, annotations,
-    nodeSelector, tolerations, node affinity: ``rules.scheduling_violations``) that ``before``
-    did not already have, or None. Not a full Pod validation: a check that keeps the usual patch
-    mistakes from turning into a patch the engine must withhold."""
+    """What the apiserver would refuse in the Pod that ``before`` did not already have, or None:
+    in its placement fields (labels, annotations, nodeSelector, tolerations, node affinity:
+    ``rules.scheduling_violations``) and in its extended resources (``rules``: whole numbers,
+    a request with an equal limit). Not a full Pod validation: the checks the engine's proof runs,
+    run here on one patch list, so a list that breaks them is dropped alone (the rest of the
+    decision, GPU slicing included, stays) instead of the engine withholding the whole patch."""
     if (
         not isinstance(pod, dict)
         or not isinstance(pod.get("metadata"), dict)
@@ -197,6 +199,7 @@ def pod_shape_problem(pod: Any, before: Any = None) -> str | None:
     introduced = scheduling_violations(pod) - (
         scheduling_violations(before) if isinstance(before, dict) else set()
     )
+    introduced |= introduced_violations(before if isinstance(before, dict) else {}, pod)
     return "; ".join(sorted(introduced)) or None
 
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from function.core.podmutation.jsonpatch_ext import compile_operations
 from function.core.podmutation.regex import RegexError, compile_linear
+from function.core.podmutation.resource_rules import check_operations
 
 OUR_GROUP = "castops.io"
 OUR_VERSION = "v1alpha1"
@@ -182,7 +182,7 @@ Percentage = int
 
 
 def _check_operations(raw: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    compile_operations(raw, where)
+    check_operations(raw, where)  # parses every path, refuses what breaks extended resources
     return raw
 
 
@@ -462,6 +462,20 @@ def _drop(data: Any, loc: tuple[int | str, ...]) -> bool:
     return False
 
 
+def _patch_warnings(spec: PodMutationSpec) -> list[str]:
+    """What the patch lists do that breaks the apiserver's rules on some Pods (resource_rules)."""
+    lists: list[tuple[str, list[dict[str, Any]]]] = [("spec.patches", spec.patches)]
+    lists += [(f"spec.patchesV2[{i}].operations", s.operations) for i, s in enumerate(spec.patchesV2)]
+    for i, group in enumerate(spec.distributionGroups):
+        where = f"spec.distributionGroups[{i}].configuration"
+        lists.append((f"{where}.patches", group.configuration.patches))
+        lists += [
+            (f"{where}.patchesV2[{j}].operations", s.operations)
+            for j, s in enumerate(group.configuration.patchesV2)
+        ]
+    return [warning for where, raw in lists if raw for warning in check_operations(raw, where)]
+
+
 def parse_spec(raw: Any, lenient: bool = False) -> tuple[PodMutationSpec, list[str]]:
     """The typed spec and its warnings, or InvalidSpec. ``lenient`` drops unknown fields with a
     warning (CAST AI's own objects) instead of refusing them."""
@@ -482,6 +496,7 @@ def parse_spec(raw: Any, lenient: bool = False) -> tuple[PodMutationSpec, list[s
                         warnings.append(f"{_location(loc)}: unknown field ignored")
                 continue
             raise InvalidSpec(describe(error)) from None
+        warnings.extend(_patch_warnings(spec))
         if spec.restartPolicy == "immediate":
             warnings.append("spec.restartPolicy: immediate is accepted, but CastSlice restarts nothing")
         if spec.podEviction is not None and spec.podEviction.enabled:
