@@ -44,6 +44,13 @@ def changes(spec: dict[str, Any], target: dict[str, Any] | None = None) -> list[
     [
         ({"metadata": {"annotations": {MARK_ANNOTATION: "m/2"}}}, "m/2"),
         ({"metadata": {"annotations": {MARK_ANNOTATION: 5}}}, None),
+        ({"metadata": {"annotations": {MARK_ANNOTATION: ""}}}, None),
+        ({"metadata": {"annotations": {MARK_ANNOTATION: "m"}}}, None),
+        ({"metadata": {"annotations": {MARK_ANNOTATION: "M/2"}}}, None),
+        (
+            {"metadata": {"annotations": {MARK_ANNOTATION: "pod-mutations.example/12"}}},
+            "pod-mutations.example/12",
+        ),
         ({"metadata": "not a map"}, None),
         ({}, None),
     ],

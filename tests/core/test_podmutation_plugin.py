@@ -700,3 +700,23 @@ def test_removing_whole_limits_is_accepted_with_a_warning(monkeypatch: pytest.Mo
         "uid": "v-1",
         "allowed": True,
     }
+
+
+@pytest.mark.parametrize(
+    ("podmutations", "mark"),
+    [(False, "pref/1"), (True, ""), (True, "not a mark"), (True, "Pref/1")],
+    ids=["podmutations-off", "empty-mark", "stray-value", "not-a-name"],
+)
+def test_spot_places_a_pod_whose_mark_is_no_podmutation_s(podmutations: bool, mark: str) -> None:
+    """Only a PodMutation mark (``<name>/<generation>``, PodMutations on) makes spot leave a placed
+    Pod alone; any other value is no placement: the label is sticky and spot applies it."""
+    both = Engine(parse_config({"podMutations": {"enabled": podmutations}, "spot": {"enabled": True}}))
+    forged = pod("p", labels={"castops.io/placement": "spot"}, owner=("ReplicaSet", "rs", "rs-uid"))
+    forged["metadata"]["annotations"] = {MARK_ANNOTATION: mark}
+    decision = decide(both, forged, view())
+    (spot,) = [d for d in decision.decisions if d.mutator == "spot"]
+    assert spot.action.value == "mutated" and "already placed" in spot.reason, spot.reason
+    assert decision.mutated_pod["spec"]["nodeSelector"] == {"scheduling.cast.ai/spot": "true"}
+    assert {"key": "scheduling.cast.ai/spot", "operator": "Exists"} in decision.mutated_pod["spec"][
+        "tolerations"
+    ]

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from function.core.configtypes import MutatorConfig
 from function.core.mutators.base import MutatorResult, RequestContext
-from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
+from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Settings
 from function.core.placement import SiblingCounts
 from function.core.pod import Owner, Pod, controller_of, fit_warning, labels_of, metadata_of
 from function.core.podmutation.apply import Siblings, apply_mutation, marked_by
@@ -194,11 +194,16 @@ def build(config: PodMutationsConfig, settings: Settings, neighbours: Neighbours
     return PodMutations(config)
 
 
+def claims(config: PodMutationsConfig) -> Claims:
+    return Claims(places_pods=True)
+
+
 PLUGIN = MutatorPlugin(
     name=NAME,
     order=250,
     config_key="podMutations",
     config_model=PodMutationsConfig,
     build=build,
+    claims=claims,
     watches=watches,
 )

@@ -45,6 +45,9 @@ class OwnedResource:
 class Claims:
     renames: tuple[Rename, ...] = ()
     owns: tuple[OwnedResource, ...] = ()
+    places_pods: bool = False
+    """The mutator may write a Pod's spot placement itself (PodMutation spot settings): the spot
+    mutator then leaves a Pod it placed alone."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,10 @@ class Neighbours:
     def renamed(self) -> dict[str, str]:
         """Source -> target of every rename another mutator makes."""
         return {r.source: r.target for c in self.claims for r in c.renames}
+
+    def place_pods(self) -> bool:
+        """Whether another enabled mutator may write a Pod's spot placement."""
+        return any(c.places_pods for c in self.claims)
 
     def qualifiers_of(self, count: str) -> tuple[str, ...]:
         """Resources owned elsewhere that need ``count`` to mean anything (vGPU memory, cores)."""

@@ -315,12 +315,16 @@ class Choice:
 class Spot:
     name = "spot"
 
-    def __init__(self, config: SpotConfig, deny_invalid: bool, own_namespace: str) -> None:
+    def __init__(
+        self, config: SpotConfig, deny_invalid: bool, own_namespace: str, placed_by_podmutations: bool = False
+    ) -> None:
         """``deny_invalid``: invalidAnnotations is deny (else warn); ``own_namespace``: the
-        webhook's namespace, never placed."""
+        webhook's namespace, never placed; ``placed_by_podmutations``: another enabled mutator
+        (PodMutations) may place a Pod, and marks it so."""
         self.config = config
         self.deny_invalid = deny_invalid
         self.own_namespace = own_namespace
+        self.placed_by_podmutations = placed_by_podmutations
         self.scheme = config.scheme
 
     # -- entry point ---------------------------------------------------------------------------
@@ -354,9 +358,10 @@ class Spot:
         if ctx.operation != "CREATE":
             return f"{ctx.operation}: only Pod creation is placed"
         mutation = marked_by(pod)
-        if mutation is not None and placement_of(pod) is not None:
+        if self.placed_by_podmutations and mutation is not None and placement_of(pod) is not None:
             # A PodMutation with spot settings placed it (pod-mutations runs before spot): its
-            # mode (optional/preferred/only) and distribution stand.
+            # mode (optional/preferred/only) and distribution stand. Any other mark (PodMutations
+            # off, an empty or stray value) is no placement: the label is sticky, as always.
             return f"placed by podmutation {mutation}"
         if namespace == self.own_namespace:
             return f"namespace {namespace} is the webhook's own"
@@ -537,7 +542,12 @@ def _desired(view: ClusterView, owner: Owner) -> str:
 
 
 def _build(config: SpotConfig, settings: Settings, neighbours: Neighbours) -> Spot:
-    return Spot(config, settings.invalid_annotations is OnInvalidAnnotation.deny, FUNCTION_NAMESPACE)
+    return Spot(
+        config,
+        settings.invalid_annotations is OnInvalidAnnotation.deny,
+        FUNCTION_NAMESPACE,
+        placed_by_podmutations=neighbours.place_pods(),
+    )
 
 
 def _watches(config: SpotConfig) -> tuple[WatchSpec, ...]:

@@ -14,6 +14,7 @@ even when a patch is not idempotent (``add /spec/tolerations/-``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +50,17 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
+_MARK_FORM = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[0-9]{1,19}")
+"""``<name>/<generation>``: a PodMutation's object name and its metadata.generation."""
+
+
 def marked_by(pod: Mapping[str, Any]) -> str | None:
+    """The PodMutation (``<name>/<generation>``) that marked the Pod, or None: an absent mark, or
+    a value this mutator never writes (``""``, a stray string), which it overwrites."""
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     value = annotations.get(MARK_ANNOTATION) if isinstance(annotations, Mapping) else None
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, str) and _MARK_FORM.fullmatch(value) else None
 
 
 @dataclass(frozen=True)
