@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from function.config_file import load_config, load_config_file
-from function.contract import LARGE_REVIEWS_ENV
+from function.contract import EXIT_BAD_INPUT, LARGE_REVIEWS_ENV
 from function.core.config import ConfigError, watches_for
 from function.serve.draining import drain_seconds
 
@@ -39,7 +39,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"castslice serve: {error}", file=sys.stderr)
         return 2
     from function.serve.asgi import serving_app
+    from function.serve.watch import NoCredentials, kube_transport
 
+    if args.target == "mutate" and watches_for(config):
+        # The webhook is built in the worker, after gunicorn forks, where a failure is a worker
+        # that cannot boot (exit 3). Missing credentials are the user's configuration to fix: say
+        # so here, with what was looked for, before forking.
+        try:
+            kube_transport()
+        except NoCredentials as error:
+            print(f"castslice serve: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
     # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
     # empty view would silently skip the PodMutations or spot counts that apply to it.

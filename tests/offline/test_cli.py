@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -256,3 +257,25 @@ def test_json_output_refuses_infinity(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert (code, out) == (2, "")
     assert "JSON cannot carry" in err
+
+
+def test_serve_without_cluster_credentials_is_a_configuration_error_exit_2(tmp_path: Path) -> None:
+    """PodMutations (on in the shipped manifests) need the cluster view; with no ServiceAccount
+    token and no kubeconfig that is the user's configuration to fix: exit 2 naming what was looked
+    for, not "internal error ... a bug"."""
+    config = tmp_path / "config.yaml"
+    config.write_text("podMutations: {enabled: true}\n")
+    missing = tmp_path / "no-such-kubeconfig"
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "CASTSLICE_CONFIG")}
+    done = subprocess.run(
+        [CASTSLICE, "serve", "--config", str(config), "--port", "0"],
+        env={**env, "KUBECONFIG": str(missing), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "castslice serve: an enabled mutator needs the cluster view" in done.stderr
+    assert f"KUBECONFIG={str(missing)!r}" in done.stderr and "ServiceAccount token" in done.stderr
+    assert "internal error" not in done.stderr
