@@ -140,13 +140,17 @@ def secret_strings(pod: Any) -> set[str]:
     return found
 
 
+_SECRET_PLACES = ("/env/", "/command/", "/args/", "/secretKeyRef/", "/secretRef/")
+
+
 def may_carry_secrets(patch: Sequence[Operation]) -> bool:
     """Whether ``patch`` can put a string where a secret lives; when not, the Pod need not be
     searched for secrets (a walk of every container, per review).
 
-    Only a string at ``.../env/<i>/value`` or in ``.../command`` or ``.../args`` is ever redacted,
-    and such a path holds the literal text "/env/", "/command/" or "/args/" (an escaped token
-    never unescapes to those names); an object or array value can hold such a place inside.
+    Only a string at ``.../env/<i>/value``, in ``.../command`` or ``.../args``, or naming a Secret
+    (``.../secretKeyRef/name``) is ever redacted (copied strings aside), and such a path holds the
+    literal text of one of _SECRET_PLACES (an escaped token never unescapes to those names); an
+    object or array value can hold such a place inside.
     """
     for op in patch:
         if "value" not in op:
@@ -155,7 +159,7 @@ def may_carry_secrets(patch: Sequence[Operation]) -> bool:
         if isinstance(value, str):
             path = op.get("path", "")
             path = path if isinstance(path, str) else str(path)
-            if "/env/" in path or "/command/" in path or "/args/" in path:
+            if any(place in path for place in _SECRET_PLACES):
                 return True
         elif isinstance(value, dict | list):
             return True

@@ -6,7 +6,10 @@ What goes in is chosen field by field, never copied wholesale from the Pod: the 
 annotation values and spec can hold secrets, and an audit pipeline fans events out widely. The one
 part of the Pod that can reach an event is the JSON Patch (it is what the webhook did); values in
 it that sit where secrets live (env values, command and args) and were copied from the user's
-Pod (the facts' ``secrets``) are replaced by ``[redacted]``, and the event says how many.
+Pod (the facts' ``secrets``) are replaced by ``[redacted]``, and so is every string a mutator
+reports it copied out of the Pod's containers (a PodMutation ``copy`` of an env value into an
+annotation), wherever it landed, and the names and keys of the Secrets an env list refers to. The
+event says how many.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Final
 import orjson
 from cloudevents.http import CloudEvent
 
-from function.admission.facts import AuditFacts, secret_strings
+from function.admission.facts import AuditFacts, may_carry_secrets, secret_strings
 from function.audit.sinks import WireEvent, compact_json
 from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
 from function.core.engine import ENGINE_VERSION, Decision
@@ -131,51 +134,69 @@ def _at_secret_position(path: tuple[str, ...]) -> bool:
     return len(path) >= 2 and path[-2] in ("command", "args") and (path[-1].isdigit() or path[-1] == "-")
 
 
-def _redacted_value(value: Any, path: tuple[str, ...], secrets: AbstractSet[str]) -> tuple[Any, int]:
+def _names_a_secret(path: tuple[str, ...]) -> bool:
+    """.../secretKeyRef/name or key (an env var read from a Secret), .../secretRef/name (envFrom)."""
+    return len(path) >= 2 and (
+        (path[-2] == "secretKeyRef" and path[-1] in ("name", "key"))
+        or (path[-2] == "secretRef" and path[-1] == "name")
+    )
+
+
+def _redacted_value(
+    value: Any, path: tuple[str, ...], secrets: AbstractSet[str], copied: AbstractSet[str] = frozenset()
+) -> tuple[Any, int]:
     if isinstance(value, str):
-        hit = _at_secret_position(path) and value in secrets
+        hit = value in copied or _names_a_secret(path) or (_at_secret_position(path) and value in secrets)
         return (REDACTED, 1) if hit else (value, 0)
     if isinstance(value, dict):
         count = 0
         result: dict[str, Any] = {}
         for key, item in value.items():
-            result[key], found = _redacted_value(item, (*path, str(key)), secrets)
+            result[key], found = _redacted_value(item, (*path, str(key)), secrets, copied)
             count += found
         return result, count
     if isinstance(value, list):
         count = 0
         items: list[Any] = []
         for index, item in enumerate(value):
-            redacted, found = _redacted_value(item, (*path, str(index)), secrets)
+            redacted, found = _redacted_value(item, (*path, str(index)), secrets, copied)
             items.append(redacted)
             count += found
         return items, count
     return value, 0
 
 
-def _redacted_ops(patch: Sequence[Operation], secrets: AbstractSet[str]) -> tuple[list[Operation], int]:
+def _redacted_ops(
+    patch: Sequence[Operation], secrets: AbstractSet[str], copied: AbstractSet[str] = frozenset()
+) -> tuple[list[Operation], int]:
     result: list[Operation] = []
     total = 0
     for op in patch:
-        copied = dict(op)
-        if "value" in copied:
-            path = tokens(str(copied.get("path", "")))
-            copied["value"], found = _redacted_value(copied["value"], path, secrets)
+        copy = dict(op)
+        if "value" in copy:
+            path = tokens(str(copy.get("path", "")))
+            copy["value"], found = _redacted_value(copy["value"], path, secrets, copied)
             total += found
-        result.append(copied)
+        result.append(copy)
     return result, total
 
 
-def redact_patch(patch: tuple[Operation, ...] | list[Operation], pod: Any) -> tuple[list[Operation], int]:
-    """The patch with env values and command/args entries that came from ``pod`` replaced.
+def copied_strings(decision: Decision) -> frozenset[str]:
+    """The strings the decision's mutators copied out of the Pod's containers (they may sit
+    anywhere in the patch), of the mutators whose work was sent."""
+    return frozenset(s for part in decision.decisions if not part.shadow for s in part.copied)
 
-    A value CastSlice itself sets (an env var it adds) is kept: only strings also present at a
-    secret-bearing place of the user's Pod are replaced, so ordinary patches stay exact.
-    """
-    secrets = secret_strings(pod)
-    if not secrets:
-        return [dict(op) for op in patch], 0
-    return _redacted_ops(patch, secrets)
+
+def redact_patch(
+    patch: tuple[Operation, ...] | list[Operation], pod: Any, copied: AbstractSet[str] = frozenset()
+) -> tuple[list[Operation], int]:
+    """The patch with env values and command/args entries that came from ``pod`` replaced, the
+    names of referenced Secrets, and every string in ``copied`` wherever it sits.
+
+    A value CastSlice itself sets (an env var it adds, a label) is kept: only strings also present
+    at a secret-bearing place of the user's Pod, or reported copied, are replaced, so ordinary
+    patches stay exact."""
+    return _redacted_ops(patch, secret_strings(pod), copied)
 
 
 def compact_json_size(value: Any) -> int:
@@ -213,10 +234,10 @@ def _data(
 ) -> dict[str, Any]:
     """event_data; with ``copy_patch`` false an unredacted patch is the decision's own operations
     (the caller serializes the data at once and never hands it out)."""
-    secrets = facts.secrets
+    copied = copied_strings(decision)
     patch: Sequence[Operation]
-    if secrets:
-        patch, redactions = _redacted_ops(decision.patch, secrets)
+    if facts.secrets or copied or may_carry_secrets(decision.patch):
+        patch, redactions = _redacted_ops(decision.patch, facts.secrets, copied)
     else:
         patch, redactions = ([dict(op) for op in decision.patch] if copy_patch else decision.patch), 0
     omitted: str | None = None

@@ -206,7 +206,7 @@ class Engine:
                 # denial from any pass is final, whatever the mutator did before.
                 if previous is None or previous.action is Action.unchanged or result.action is Action.denied:
                     decisions[mutator.name] = MutatorDecision(
-                        mutator.name, result.action, result.reason, result.warnings
+                        mutator.name, result.action, result.reason, result.warnings, copied=result.copied
                     )
                 if result.action is Action.denied:
                     # An honest denial changed nothing (a change would have been a lie, raised

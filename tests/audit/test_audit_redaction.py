@@ -294,3 +294,36 @@ def test_overrides_skip_unset_extensions_and_default_to_none() -> None:
 def test_a_reference_missing_its_fields_gets_empty_ones() -> None:
     identity = pod_identity(pod_review({"ownerReferences": [{"uid": "u1"}]}))
     assert identity["owner"] == {"apiVersion": "", "kind": "", "name": "", "uid": "u1", "controller": False}
+
+
+# -- issue 25: copies out of the containers, and Secret names ------------------------------------
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db-credentials", "key": "password"}}},
+        {"name": "DB", "valueFrom": {"secretKeyRef": {"key": "password", "name": "db-credentials"}}},
+    ],
+)
+def test_secret_names_and_keys_in_a_replaced_env_list_are_redacted(env: dict[str, Any]) -> None:
+    """A whole-list replacement carries the Secret references the user wrote: which Secret, and
+    which key in it, are redacted; the env var's own name is kept."""
+    patch = [{"op": "replace", "path": "/spec/containers/0/env", "value": [env]}]
+    redacted, count = redact_patch(patch, pod_with({"name": "c"}))
+    assert count == 2
+    assert redacted[0]["value"] == [
+        {"name": "DB", "valueFrom": {"secretKeyRef": {"name": REDACTED, "key": REDACTED}}}
+    ]
+    env_from = [{"op": "add", "path": "/spec/containers/0/envFrom", "value": [{"secretRef": {"name": "s"}}]}]
+    assert _may_redact(env_from)
+    assert redact_patch(env_from, pod_with({"name": "c"}))[0][0]["value"] == [
+        {"secretRef": {"name": REDACTED}}
+    ]
+
+
+def test_strings_a_mutator_copied_are_redacted_wherever_they_landed() -> None:
+    patch = [
+        {"op": "add", "path": "/metadata/annotations/copied", "value": SECRET},
+        {"op": "add", "path": "/metadata/labels/kept", "value": "web"},
+    ]
+    redacted, count = redact_patch(patch, pod_with(env_of(SECRET)), copied=frozenset({SECRET}))
+    assert count == 1 and [op["value"] for op in redacted] == [REDACTED, "web"]

@@ -24,7 +24,7 @@ from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, siblings_o
 from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, pod_shape_problem
 from function.core.view import PodRecord, StaticView, slim_pod
-from tests.support import asgi_client, mutation_records
+from tests.support import asgi_client, mutation_records, pod_review
 
 TEMPLATE = "scheduling.cast.ai/node-template"
 
@@ -720,3 +720,35 @@ def test_spot_places_a_pod_whose_mark_is_no_podmutation_s(podmutations: bool, ma
     assert {"key": "scheduling.cast.ai/spot", "operator": "Exists"} in decision.mutated_pod["spec"][
         "tolerations"
     ]
+
+
+# --- issue 25: what a PodMutation copies out of a container stays out of the audit event ------------
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("/spec/containers/0/env/0/value", "/metadata/annotations/example.com~1token"),
+        ("/spec/containers/0/args/1", "/metadata/labels/example.com~1mode"),
+    ],
+    ids=["env-value-to-annotation", "arg-to-label"],
+)
+def test_a_copied_env_value_or_arg_is_redacted_from_the_audit_event(source: str, target: str) -> None:
+    from datetime import UTC, datetime
+
+    from function.audit.events import REDACTED, event_data
+
+    secret = "s3cr3t-token"
+    p = pod(labels={"app": "web"})
+    p["metadata"]["annotations"] = {"team": "ml"}
+    p["spec"]["containers"][0]["env"] = [{"name": "TOKEN", "value": secret}]
+    p["spec"]["containers"][0]["args"] = ["--mode", secret]
+    cluster = view(pm("copier", {"patches": [{"op": "copy", "from": source, "path": target}]}))
+    decision = decide(engine(), copy_json(p), cluster)
+    assert decision.outcome == "mutated", decision.reason
+    assert secret in json.dumps(list(decision.patch))  # the apiserver gets the copy
+    review = pod_review()
+    review.request.object = p  # the Pod the decision was made on, whose secrets are redacted
+    data = event_data(review, decision, config_digest="d", decided_at=datetime.now(UTC))
+    assert secret not in json.dumps(data)
+    assert data["patchRedactions"] == 1 and REDACTED in json.dumps(data["patch"])

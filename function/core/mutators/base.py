@@ -42,6 +42,9 @@ class MutatorResult:
     action: Action
     reason: str
     warnings: tuple[str, ...] = ()
+    copied: frozenset[str] = frozenset()
+    """Strings the mutator copied out of the Pod's containers to other places (a PodMutation
+    ``copy`` of an env value into an annotation): the audit event redacts them wherever they are."""
 
     @classmethod
     def mutated(cls, reason: str, *warnings: str) -> MutatorResult:
@@ -67,6 +70,8 @@ class MutatorDecision:
     warnings: tuple[str, ...] = field(default=())
     shadow: bool = False
     """Decided in shadow mode: audited only; its changes and denials were not sent."""
+    copied: frozenset[str] = field(default=frozenset(), repr=False)
+    """MutatorResult.copied: redacted from the audit event, never shown."""
 
     def as_dict(self) -> dict[str, Any]:
         decided: dict[str, Any] = {

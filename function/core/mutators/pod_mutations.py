@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from function.core.configtypes import MutatorConfig
-from function.core.mutators.base import MutatorResult, RequestContext
+from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Settings
 from function.core.placement import SiblingCounts
 from function.core.pod import Owner, Pod, controller_of, fit_warning, labels_of, metadata_of
@@ -187,7 +187,7 @@ class PodMutations:
         reason = f"{label} for {describe_workload(workload)}: {changes}"
         if done.notes:  # extended paths that selected nothing: skipped, and said so
             reason += "; skipped: " + "; ".join(done.notes)
-        return MutatorResult.mutated(reason, *warnings)
+        return MutatorResult(Action.mutated, reason, tuple(warnings), frozenset(done.copied))
 
 
 def build(config: PodMutationsConfig, settings: Settings, neighbours: Neighbours) -> PodMutations:

@@ -98,6 +98,7 @@ class Applied:
     notes: list[str] = field(default_factory=list)  # skipped extended paths and such (not warnings)
     placement: Placement | None = None
     group: str | None = None
+    copied: set[str] = field(default_factory=set)  # strings copied or moved out of containers
 
 
 def _map(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -227,7 +228,33 @@ def _run_sequences(
         if outcome.applied:
             pod = outcome.document
             done.changes.append(f"{label} ({len(outcome.applied)} ops)")
+            for source, value in outcome.copied:
+                if _holds_containers(source):
+                    _strings_in(value, done.copied)
     return pod
+
+
+_CONTAINER_LISTS = ("/spec/containers", "/spec/initContainers", "/spec/ephemeralContainers")
+"""Where env values, commands and args live: what a copy takes from there may be a secret."""
+
+
+def _holds_containers(source: str) -> bool:
+    """Whether a copy from ``source`` takes something in a container list, or one whole."""
+    return any(
+        source == where or source.startswith(where + "/") or where.startswith(source + "/")
+        for where in _CONTAINER_LISTS
+    )
+
+
+def _strings_in(value: Any, found: set[str]) -> None:
+    if isinstance(value, str):
+        found.add(value)
+    elif isinstance(value, dict):
+        for member in value.values():
+            _strings_in(member, found)
+    elif isinstance(value, list):
+        for member in value:
+            _strings_in(member, found)
 
 
 def _is_template(pod: dict[str, Any]) -> bool:

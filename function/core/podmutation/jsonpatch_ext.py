@@ -221,6 +221,7 @@ class SequenceOutcome:
     applied: list[dict[str, Any]] = field(default_factory=list)  # the concrete RFC 6902 operations
     skipped: list[str] = field(default_factory=list)  # extended paths that selected nothing
     error: str | None = None
+    copied: list[tuple[str, Any]] = field(default_factory=list)  # (from, value) of each copy and move
 
 
 def _concrete(operation: CompiledOperation, pointer: str) -> dict[str, Any]:
@@ -261,6 +262,9 @@ def apply_sequence(document: Any, operations: Sequence[CompiledOperation]) -> Se
                 if operation.op == "test":
                     _test(working, pointer, concrete["value"])
                 else:
+                    if operation.source is not None:  # copy, move: what travels, for the audit
+                        moved = jsonpointer.resolve_pointer(working, operation.source.raw)
+                        outcome.copied.append((operation.source.raw, moved))
                     working = jsonpatch.apply_patch(working, [concrete], in_place=True)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as error:
                 outcome.error = f"[{index}] {operation.describe()}: {error}"
