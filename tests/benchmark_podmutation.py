@@ -16,6 +16,7 @@ from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
 from function.core.podmutation.compiled import compile_object
 from function.core.view import StaticView
+from tests.support import mutation_records
 
 
 def podmutation(i: int) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from function.core.mutators.base import RequestContext
-from function.core.mutators.spot import NAMESPACES, LedgerEntry, NamespaceRecord, Spot, SpotConfig
-from function.core.placement import PLACEMENT_LABEL
+from function.core.mutators.spot import NAMESPACES, NamespaceRecord, Spot, SpotConfig
+from function.core.placement import PLACEMENT_LABEL, LedgerEntry
 from function.core.pod import Owner
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, IndexState, PodRecord, View
 from function.serve.spot_ledger import ViewWithLedger

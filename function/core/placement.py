@@ -333,6 +333,30 @@ def placement_of(pod: Pod) -> Placement | None:
 # --- the partial split ----------------------------------------------------------------------------
 
 
+LEDGER_INDEX: Final = "spot-ledger"
+"""The edge's recent decisions (``function/serve/spot_ledger.py``), by owner uid, handed in with the
+view: spot placement and PodMutation distribution count them until the view shows their Pods."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One of this process's own recent decisions: its ``castops.io/placement-decision`` (the
+    admission uid), the placement it gave (None: none, a group only) and the PodMutation
+    distribution group (``castops.io/pod-mutation-group``; "" for none)."""
+
+    decision: str
+    placement: Placement | None
+    group: str = ""
+
+
+def pending_entries(view: Any, owner_uid: str, seen: set[str]) -> list[LedgerEntry]:
+    """The ledger's entries for ``owner_uid`` whose decision no Pod in the view carries (``seen``)."""
+    ledger = view.index(LEDGER_INDEX).get(owner_uid)
+    if not isinstance(ledger, tuple | list):
+        return []
+    return [e for e in ledger if isinstance(e, LedgerEntry) and e.decision not in seen]
+
+
 @dataclass(frozen=True)
 class SiblingCounts:
     """Live (not terminating, not finished) Pods of one controller, by placement, *excluding* the Pod

@@ -1,4 +1,5 @@
-"""This process's recent spot decisions, until the cluster view shows their Pods (edge state).
+"""This process's recent spot and PodMutation distribution decisions, until the cluster view shows
+their Pods (edge state).
 
 The pods watch lags admission by a few milliseconds to seconds; during a burst (a Deployment
 scaled from 0 to 20) many sibling Pods are decided before any of them reaches the view, and
@@ -28,10 +29,9 @@ from function.admission.review import DecisionRecorder
 from function.core.config import Config
 from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
-from function.core.mutators.spot import LEDGER_INDEX, LedgerEntry
-from function.core.placement import DECISION_ANNOTATION, placement_of
+from function.core.placement import DECISION_ANNOTATION, LEDGER_INDEX, LedgerEntry, Placement, placement_of
 from function.core.pod import controller_of, metadata_of
-from function.core.view import ClusterView
+from function.core.view import MUTATION_GROUP_ANNOTATION, ClusterView
 
 log = logging.getLogger("castslice.spot")
 
@@ -51,10 +51,14 @@ class DecisionLedger:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, deque[tuple[float, LedgerEntry]]] = OrderedDict()
 
-    def record(self, owner_uid: str, decision: str, placement: str) -> None:
-        if not owner_uid or not decision or placement not in ("spot", "on-demand"):
+    def record(self, owner_uid: str, decision: str, placement: str | None, group: str = "") -> None:
+        """Remember a decision that gave a placement, a PodMutation distribution group, or both."""
+        known: Placement | None = (
+            "spot" if placement == "spot" else "on-demand" if placement == "on-demand" else None
+        )
+        if not owner_uid or not decision or (known is None and not group):
             return
-        entry = LedgerEntry(decision, "spot" if placement == "spot" else "on-demand")
+        entry = LedgerEntry(decision, known, group)
         with self._lock:
             queue = self._entries.get(owner_uid)
             if queue is None:
@@ -75,9 +79,16 @@ class DecisionLedger:
         placement = placement_of(dict(pod))
         annotations = metadata.get("annotations")
         decision = annotations.get(DECISION_ANNOTATION) if isinstance(annotations, Mapping) else None
-        if not owner.uid or placement is None or not isinstance(decision, str) or not decision:
+        group = annotations.get(MUTATION_GROUP_ANNOTATION) if isinstance(annotations, Mapping) else None
+        group = group if isinstance(group, str) else ""
+        if (
+            not owner.uid
+            or (placement is None and not group)
+            or not isinstance(decision, str)
+            or not decision
+        ):
             return False
-        self.record(owner.uid, decision, placement)
+        self.record(owner.uid, decision, placement, group)
         return True
 
     def snapshot(self) -> Mapping[str, tuple[LedgerEntry, ...]]:
@@ -170,9 +181,12 @@ class LedgerRecorder:
 
 
 def ledger_for(config: Config) -> DecisionLedger | None:
-    """The ledger when the spot mutator enforces (a shadow one sends nothing to remember), else None."""
+    """The ledger when the spot mutator or PodMutations (distribution groups and shares) enforce
+    (a shadow one sends nothing to remember), else None. Its TTL is spot's ``cacheTTLSeconds``."""
     spot = config.section("spot")
-    if not spot.enabled or spot.mode != MutatorMode.enforce:
+    spot_enforces = spot.enabled and spot.mode == MutatorMode.enforce
+    mutations = config.section("podMutations")
+    if not spot_enforces and not (mutations.enabled and mutations.mode == MutatorMode.enforce):
         return None
     return DecisionLedger(ttl_seconds=spot.cacheTTLSeconds)
 

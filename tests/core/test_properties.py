@@ -363,8 +363,8 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
     deny: bool,
 ) -> None:
     from function.core.json_patch import copy_json, diff, prove
-    from function.core.mutators.spot import LedgerEntry, Spot, SpotConfig
-    from function.core.placement import placement_of
+    from function.core.mutators.spot import Spot, SpotConfig
+    from function.core.placement import LedgerEntry, placement_of
     from function.core.rules import scheduling_violations
     from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
 

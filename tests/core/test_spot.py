@@ -11,12 +11,11 @@ from function.core.mutators.spot import (
     LIFECYCLE,
     POD_DELETION_COST,
     SPOT_PERCENTAGE,
-    LedgerEntry,
     SpotConfig,
     sibling_counts,
     slim_namespace,
 )
-from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, SiblingCounts
+from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, LedgerEntry, SiblingCounts
 from function.core.view import slim_pod
 from tests.spot_support import (
     NO_VIEW,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -11,9 +12,9 @@ import pytest
 from function.admission.facts import AuditFacts, audit_facts
 from function.core.config import parse_config
 from function.core.engine import Decision
-from function.core.mutators.spot import LEDGER_INDEX, PODS_INDEX, LedgerEntry
-from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL
-from function.core.view import EMPTY_VIEW, StaticView
+from function.core.mutators.spot import PODS_INDEX
+from function.core.placement import DECISION_ANNOTATION, LEDGER_INDEX, PLACEMENT_LABEL, LedgerEntry
+from function.core.view import EMPTY_VIEW, MUTATION_GROUP_ANNOTATION, StaticView
 from function.serve.spot_ledger import (
     DecisionLedger,
     DecisionTurns,
@@ -175,11 +176,95 @@ def test_the_view_with_a_ledger_serves_every_other_index_from_the_view() -> None
     assert combined.synced(LEDGER_INDEX) and combined.available
 
 
-def test_only_an_enforcing_spot_mutator_gets_a_ledger() -> None:
+def test_only_an_enforcing_spot_mutator_or_podmutations_get_a_ledger() -> None:
     assert ledger_for(parse_config({})) is None
     assert ledger_for(parse_config({"spot": {"enabled": True, "mode": "shadow"}})) is None
+    assert ledger_for(parse_config({"podMutations": {"enabled": True, "mode": "shadow"}})) is None
     ledger = ledger_for(parse_config({"spot": {"enabled": True, "cacheTTLSeconds": 7}}))
     assert ledger is not None and ledger.ttl_seconds == 7
+    ledger = ledger_for(parse_config({"podMutations": {"enabled": True}}))
+    assert ledger is not None and ledger.ttl_seconds == 60
+
+
+def test_a_podmutation_group_is_remembered_with_or_without_a_placement() -> None:
+    ledger = DecisionLedger(clock=Clock())
+    grouped = placed_pod(placement=None)
+    grouped["metadata"]["annotations"][MUTATION_GROUP_ANNOTATION] = "a"
+    assert ledger.observe_admitted(grouped) is True
+    both = placed_pod(decision="d-2")
+    both["metadata"]["annotations"][MUTATION_GROUP_ANNOTATION] = "none"
+    assert ledger.observe_admitted(both) is True
+    assert ledger.snapshot() == {"rs-1": (LedgerEntry("d-1", None, "a"), LedgerEntry("d-2", "spot", "none"))}
+
+
+# --- issue 25: a burst under a PodMutation's distribution, in one process ------------------------------
+
+BURST_MUTATIONS = {
+    "share": {"spotConfig": {"mode": "only-spot", "distributionPercentage": 50}},
+    "groups": {
+        "distributionGroups": [
+            {"name": "a", "percentage": 50, "configuration": {"spotMode": "only-spot"}},
+            {"name": "b", "percentage": 30},
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(BURST_MUTATIONS))
+def test_a_burst_under_a_podmutation_distribution_is_split_exactly_in_one_process(mutation: str) -> None:
+    """20 sibling Pods decided by 8 threads at once, none of them in the view yet (the watch lags
+    a burst): the ledger and the turns give the PodMutation's share exactly, as they give spot's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from function.admission.review import Admission
+    from function.admission.wire import parse_review
+    from function.core.engine import Engine
+    from function.core.mutators.pod_mutations import OUR_MUTATIONS, mutation_records
+    from function.core.view import PODS, REPLICASETS
+
+    config = parse_config({"podMutations": {"enabled": True}})
+    objects = [{"apiVersion": "castops.io/v1alpha1", "kind": "PodMutation",
+                "metadata": {"name": mutation, "generation": 1, "uid": "pm-uid"},
+                "spec": BURST_MUTATIONS[mutation]}]  # fmt: skip
+    lagging = StaticView(
+        {"podmutations": mutation_records(objects), "pods": []}, specs=(PODS, REPLICASETS, OUR_MUTATIONS)
+    )
+    ledger = ledger_for(config)
+    assert ledger is not None
+    turns = DecisionTurns()
+    admitted: list[Decision] = []
+    recorder = Inner()
+    admission = Admission(
+        Engine(config),
+        LedgerRecorder(recorder, ledger, turns),
+        cluster=with_ledger(lambda: lagging, ledger, turns),
+    )
+
+    def admit(number: int) -> None:
+        request = {
+            "uid": f"uid-{number}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": make_pod(owner()),
+        }
+        envelope = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        review = parse_review(json.dumps(envelope).encode())
+        answer = admission.review(review)
+        assert answer.decision is not None and answer.decision.outcome == "mutated"
+        admitted.append(answer.decision)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(admit, range(20)))
+    pods = [d.mutated_pod for d in admitted]
+    placements = [p["metadata"].get("labels", {}).get(PLACEMENT_LABEL) for p in pods]
+    assert placements.count("spot") == 10
+    if mutation == "groups":
+        groups = [p["metadata"]["annotations"][MUTATION_GROUP_ANNOTATION] for p in pods]
+        assert (groups.count("a"), groups.count("b"), groups.count("none")) == (10, 6, 4)
+    assert len({p["metadata"]["annotations"][DECISION_ANNOTATION] for p in pods}) == 20
 
 
 # --- the recorder -------------------------------------------------------------------------------------

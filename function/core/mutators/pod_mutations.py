@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from function.core.configtypes import MutatorConfig
 from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Settings
-from function.core.placement import SiblingCounts
+from function.core.placement import SiblingCounts, pending_entries
 from function.core.pod import Owner, Pod, controller_of, fit_warning, labels_of, metadata_of
 from function.core.podmutation.apply import Siblings, apply_mutation, marked_by
 from function.core.podmutation.compiled import CompiledMutation, InvalidMutation, compile_object
@@ -98,13 +98,19 @@ def _owner_lookup(view: ClusterView) -> OwnerLookup | None:
 
 
 def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
-    """The live Pods of the same controller, by placement (from the view's Pods grouped by owner)."""
+    """The live Pods of the same controller, by placement and group: from the view's Pods grouped
+    by owner, plus this process's recent decisions the view does not show yet (the edge's ledger,
+    matched by ``castops.io/placement-decision``), so a burst of siblings sees each other."""
     owner = controller_of(metadata_of(pod))
     if not owner.uid or not view.available:
         return Siblings()
     spot = on_demand = unplaced = 0
     groups: list[str] = []
+    seen: set[str] = set()
     for record in view.group(PODS.index, owner.uid).values():
+        decision = getattr(record, "decision", "")
+        if decision:
+            seen.add(decision)  # a terminating Pod is shown too: its decision is not pending
         if getattr(record, "terminating", False):
             continue
         placement = getattr(record, "placement", "")
@@ -114,6 +120,12 @@ def siblings_of(pod: Pod, view: ClusterView) -> Siblings:
         group = getattr(record, "group", "")
         if group:
             groups.append(group)
+    for entry in pending_entries(view, owner.uid, seen):
+        spot += entry.placement == "spot"
+        on_demand += entry.placement == "on-demand"
+        unplaced += entry.placement is None
+        if entry.group:
+            groups.append(entry.group)
     return Siblings(SiblingCounts(spot=spot, on_demand=on_demand, unplaced=unplaced), tuple(groups))
 
 
@@ -173,7 +185,7 @@ class PodMutations:
         if chosen is None:
             return MutatorResult.unchanged(f"no PodMutation matches {describe_workload(workload)}")
         mutation = chosen.mutation
-        result, done = apply_mutation(pod, mutation, siblings_of(pod, view))
+        result, done = apply_mutation(pod, mutation, siblings_of(pod, view), ctx.uid)
         if result is not pod:  # a patch replaced the whole Pod object: the engine reads ``pod``
             pod.clear()
             pod.update(result)

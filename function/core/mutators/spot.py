@@ -52,6 +52,7 @@ from function.core.placement import (
     custom_scheme,
     hash_split,
     partial_split,
+    pending_entries,
     placement_mode,
     placement_of,
     spot_target,
@@ -71,8 +72,6 @@ PARTIAL_KINDS = ("ReplicaSet", "StatefulSet")
 PODS_INDEX = PODS.index
 REPLICASETS_INDEX = REPLICASETS.index
 NAMESPACES_INDEX = "namespaces"
-LEDGER_INDEX = "spot-ledger"
-"""The edge's recent decisions (``function/serve/spot_ledger.py``), by owner uid, handed in with the view."""
 
 _PERCENTAGE = re.compile(r"[1-9][0-9]?")  # fullmatch: 1-99, no sign, no leading zero, no newline
 
@@ -293,14 +292,6 @@ NAMESPACES = WatchSpec(
 """Namespaces and their labels, grouped by name (the key a Pod's namespace gives)."""
 
 
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One of this process's own recent decisions (``castops.io/placement-decision`` and placement)."""
-
-    decision: str
-    placement: Placement
-
-
 # --- the decision ---------------------------------------------------------------------------------
 
 
@@ -513,16 +504,15 @@ def sibling_counts(view: ClusterView, owner_uid: str) -> tuple[SiblingCounts, in
             on_demand += 1
         else:
             unplaced += 1
-    pending = 0
-    ledger = view.index(LEDGER_INDEX).get(owner_uid)
-    for entry in ledger if isinstance(ledger, Iterable) else ():
-        if isinstance(entry, LedgerEntry) and entry.decision not in seen:
-            pending += 1
-            if entry.placement == SPOT:
-                spot += 1
-            else:
-                on_demand += 1
-    return SiblingCounts(spot, on_demand, unplaced), pending
+    pending = pending_entries(view, owner_uid, seen)
+    for entry in pending:
+        if entry.placement == SPOT:
+            spot += 1
+        elif entry.placement == ON_DEMAND:
+            on_demand += 1
+        else:
+            unplaced += 1  # a PodMutation group without a placement
+    return SiblingCounts(spot, on_demand, unplaced), len(pending)
 
 
 def _namespace_labels(view: ClusterView, namespace: str) -> Mapping[str, str] | None:

@@ -22,6 +22,7 @@ from typing import Any
 from function.core.json_patch import copy_json
 from function.core.placement import (
     CASTAI,
+    DECISION_ANNOTATION,
     PLACEMENT_LABEL,
     Placement,
     SiblingCounts,
@@ -99,6 +100,7 @@ class Applied:
     placement: Placement | None = None
     group: str | None = None
     copied: set[str] = field(default_factory=set)  # strings copied or moved out of containers
+    decision: str = ""  # the admission uid, written with a placement or group
 
 
 def _map(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -269,13 +271,15 @@ def _distributes(mutation: CompiledMutation) -> bool:
 
 
 def apply_mutation(
-    pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings()
+    pod: dict[str, Any], mutation: CompiledMutation, siblings: Siblings = Siblings(), decision: str = ""
 ) -> tuple[dict[str, Any], Applied]:
     """The mutated Pod (``pod`` itself, edited, unless a patch replaced it) and what was done, in
     the module's order: the declarative fields, the distribution share and its spot placement,
-    then the patches (the mutation's, then its chosen group's)."""
+    then the patches (the mutation's, then its chosen group's). ``decision`` (the admission uid)
+    is written beside a placement or group chosen among siblings, so the edge can tell its recent
+    decisions from what the view already shows."""
     wanted = mutation.spec
-    done = Applied()
+    done = Applied(decision=decision)
     metadata = _map(pod, "metadata")
     spec = _map(pod, "spec")
     _set_labels_and_annotations(metadata, wanted, done)
@@ -415,3 +419,6 @@ def _mark(pod: dict[str, Any], mutation: CompiledMutation, done: Applied) -> Non
         _map(pod["metadata"], "labels")[PLACEMENT_LABEL] = done.placement
     if done.group is not None:
         annotations[GROUP_ANNOTATION] = done.group or "none"
+    if (done.placement is not None or done.group is not None) and done.decision:
+        # as the spot mutator marks its own: the ledger matches the view's Pods by it
+        annotations.setdefault(DECISION_ANNOTATION, done.decision)
