@@ -6,11 +6,13 @@ local server."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import http.client
 import http.server
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -250,3 +252,63 @@ def pointed_at(
         if route is not None:
             hook["namespaceSelector"]["matchExpressions"].append(route)
     return configuration
+
+
+# -- several servers behind one address --------------------------------------------------------
+class RoundRobinProxy:
+    """One address in front of several servers, as a Service is in front of its Pods: each new TCP
+    connection goes to the next backend (TLS passes through; every backend's certificate names
+    127.0.0.1). kube-proxy balances per connection too."""
+
+    def __init__(self, backends: list[int]) -> None:
+        self.backends = backends
+        self.connections = [0] * len(backends)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        turn = 0
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            index = turn % len(self.backends)
+            turn += 1
+            self.connections[index] += 1
+            upstream = socket.create_connection(("127.0.0.1", self.backends[index]))
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+class TwoBehindOne:
+    """Two single-worker servers (each its own view and ledger) behind one address."""
+
+    def __init__(self, name: str, servers: list[ServedWebhook]) -> None:
+        self.name = name
+        self.servers = servers
+        self.proxy = RoundRobinProxy([server.port for server in servers])
+        self.url = f"https://127.0.0.1:{self.proxy.port}"
+
+    def admissions_by_worker(self) -> list[float]:
+        return [server.admissions_by_worker(1)[0] for server in self.servers]
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        for server in self.servers:
+            server.stop()

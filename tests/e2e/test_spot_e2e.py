@@ -17,12 +17,8 @@ printed (``-s``) and kept as test properties (``--junitxml``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,15 +27,25 @@ import pytest
 
 from tests.manifests_support import KNATIVE_DIR, one, render
 
-from .controlplane import ON_DEMAND, SPOT, SPOT_KEY, ControlPlane
+from .controlplane import ON_DEMAND, SPOT_KEY, ControlPlane
 from .identity import delete_created, service_account_kubeconfig
-from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink
+from .launch import EventLog, ServedWebhook, TwoBehindOne, pointed_at, start_event_sink
+from .workloads import (
+    PLACEMENT,
+    assert_on_their_nodes,
+    deployment,
+    eventually,
+    live_pods,
+    placements,
+    remove,
+    scale,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
 
 ROUTE = "castslice-e2e-spot"
 """Namespace label naming the server that handles the namespace (one, two, shadow)."""
-PLACEMENT = "castops.io/placement"
 SPOT_TOLERATION = {"key": SPOT_KEY, "operator": "Exists"}
 FORCED_NAMESPACE = "spot-forced"
 TIER = "castslice-e2e-tier"
@@ -59,74 +65,7 @@ SPOT_CONFIG: dict[str, Any] = {
 }
 
 
-def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
 # -- the servers ------------------------------------------------------------------------------------
-class RoundRobinProxy:
-    """One address in front of several servers, as a Service is in front of its Pods: each new TCP
-    connection goes to the next backend (TLS passes through; every backend's certificate names
-    127.0.0.1). kube-proxy balances per connection too."""
-
-    def __init__(self, backends: list[int]) -> None:
-        self.backends = backends
-        self.connections = [0] * len(backends)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        turn = 0
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            index = turn % len(self.backends)
-            turn += 1
-            self.connections[index] += 1
-            upstream = socket.create_connection(("127.0.0.1", self.backends[index]))
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                target.shutdown(socket.SHUT_WR)
-
-    def stop(self) -> None:
-        self.listener.close()
-
-
-class TwoBehindOne:
-    """Two single-worker servers (each its own view and ledger) behind one address."""
-
-    def __init__(self, name: str, servers: list[ServedWebhook]) -> None:
-        self.name = name
-        self.servers = servers
-        self.proxy = RoundRobinProxy([server.port for server in servers])
-        self.url = f"https://127.0.0.1:{self.proxy.port}"
-
-    def admissions_by_worker(self) -> list[float]:
-        return [server.admissions_by_worker(1)[0] for server in self.servers]
-
-    def stop(self) -> None:
-        self.proxy.stop()
-        for server in self.servers:
-            server.stop()
-
-
 def webhook_configuration(server: ServedWebhook | TwoBehindOne, ca: bytes) -> dict[str, Any]:
     """The project's own webhook manifest, pointed at ``server``, for namespaces routed to it."""
     rendered = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")
@@ -217,71 +156,6 @@ def deployment_pod_probe() -> dict[str, Any]:
         "metadata": {"generateName": "probe-", "ownerReferences": [{**owner, "controller": True}]},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
     }
-
-
-# -- workloads --------------------------------------------------------------------------------------
-def deployment(name: str, replicas: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels, "annotations": annotations or {}},
-                "spec": {
-                    "containers": [
-                        {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "10m"}}}
-                    ],
-                    "terminationGracePeriodSeconds": 0,
-                },
-            },
-        },
-    }
-
-
-def live_pods(spot: dict[str, Any], namespace: str, app: str) -> list[dict[str, Any]]:
-    raw = spot["core"].list_namespaced_pod(namespace, label_selector=f"app={app}", _preload_content=False)
-    items: list[dict[str, Any]] = json.loads(raw.data)["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
-def wait_running(spot: dict[str, Any], namespace: str, app: str, count: int) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-
-    def done() -> bool:
-        nonlocal found
-        found = live_pods(spot, namespace, app)
-        return len(found) == count and all(
-            p["spec"].get("nodeName") and p.get("status", {}).get("phase") == "Running" for p in found
-        )
-
-    eventually(done, 120, f"{count} Running Pods of {namespace}/{app}")
-    return found
-
-
-def placements(pods: list[dict[str, Any]]) -> list[str]:
-    return [p["metadata"].get("labels", {}).get(PLACEMENT, "") for p in pods]
-
-
-def assert_on_their_nodes(plane: ControlPlane, pods: list[dict[str, Any]]) -> None:
-    """Spot Pods sit on spot Nodes, the others do not."""
-    for p in pods:
-        kind = plane.node_kind(p["spec"]["nodeName"])
-        if p["metadata"]["labels"].get(PLACEMENT) == "spot":
-            assert kind == SPOT, (p["metadata"]["name"], kind)
-        else:
-            assert kind != SPOT, (p["metadata"]["name"], kind)
-
-
-def scale(spot: dict[str, Any], namespace: str, name: str, replicas: int) -> None:
-    spot["apps"].patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
-
-
-def remove(spot: dict[str, Any], namespace: str, name: str) -> None:
-    spot["apps"].delete_namespaced_deployment(name, namespace, propagation_policy="Background")
 
 
 # -- the tests --------------------------------------------------------------------------------------
