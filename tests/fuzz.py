@@ -1,11 +1,14 @@
 """A structured fuzz campaign against the webhook's HTTP handler: recorded AdmissionReviews with
 wrong types in any field, odd quantities and annotations, NaN, huge strings and deep documents,
-under several configurations.
+under five configurations; two of them are the shipped one (PodMutations on, with spot or vGPU
+beside it) over a cluster view holding twelve PodMutations (affinity, consolidation, patches,
+copies, distribution groups and shares, CAST AI's form, a catastrophic regex), siblings and
+recent decisions, fed Pods hostile to what they read (tests/hostile.py).
 
 The bar every request must meet (``check``): no 500; no ``error`` outcome (an internal error
 means the policy was escaped); a 400 quotes a bounded amount of input; an allowed patch applies to
-the Pod, breaks no extended-resource rule the Pod did not already break, and a second pass over the
-patched Pod (reinvocation) produces no operation.
+the Pod, breaks no extended-resource or placement rule the Pod did not already break, and a second
+pass over the patched Pod (reinvocation) produces no operation; no env value reaches the answer.
 
 tests/test_fuzz.py runs a bounded campaign with a fixed seed; a larger one runs by hand:
 
@@ -24,7 +27,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonpatch
@@ -32,17 +35,38 @@ import jsonpatch
 from function.admission.review import Admission
 from function.core.config import Config, parse_config
 from function.core.engine import Engine
+from function.core.placement import scheduling_violations
 from function.core.rules import introduced_violations
+from function.core.view import EMPTY_VIEW, ClusterView
 from function.serve.http_api import WebhookHttp
+from tests.hostile import ROUTE_LABEL, ROUTES, hostile_pod_change, podmutation_view
 from tests.support import load_review, review_names
 
 CONFIGS: dict[str, Config] = {
     "default": Config(),
     "vgpu-warn": parse_config({"invalidAnnotations": "warn", "vgpu": {"enabled": True}}),
     "vgpu-admit": parse_config({"onInternalError": "admit", "vgpu": {"enabled": True, "overwriteEnv": True}}),
+    # The shipped configuration (PodMutations on) with spot placement beside it, over a cluster view
+    # holding the PodMutations below, siblings and recent decisions (tests/hostile.py).
+    "podmutations-spot": parse_config(
+        {
+            "podMutations": {"enabled": True, "castaiObjects": True},
+            "spot": {"enabled": True, "preset": "partialSpot"},
+        }
+    ),
+    "podmutations-vgpu": parse_config(
+        {"invalidAnnotations": "warn", "podMutations": {"enabled": True}, "vgpu": {"enabled": True}}
+    ),
 }
+VIEWS: dict[str, Callable[[], ClusterView]] = {
+    "podmutations-spot": lambda: podmutation_view(castai=True),
+    "podmutations-vgpu": podmutation_view,
+}
+"""How to build the cluster each configuration's reviews see (built once; none: the empty view)."""
 
 ANNOTATIONS = ("castops.io/optimize", "castops.io/slice-ratio", "castops.io/workload-type")
+
+
 RESOURCES = (
     "nvidia.com/gpu",
     "nvidia.com/gpu-shared",
@@ -192,6 +216,22 @@ def mutate_review(rng: random.Random, review: dict[str, Any]) -> dict[str, Any]:
     return review
 
 
+def podmutation_variation(rng: random.Random, review: dict[str, Any]) -> dict[str, Any]:
+    """``review`` routed to one of the PodMutations (tests/hostile.py), with what they read in a
+    Pod changed once or twice: node affinity terms with null or empty parts, tolerations, owners,
+    marks, long names, env values and Secret references, GPU requests."""
+    request = review.get("request")
+    pod = request.get("object") if isinstance(request, dict) else None
+    if not isinstance(pod, dict):
+        return review
+    metadata = pod.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.setdefault("labels", {}), dict):
+        metadata["labels"][ROUTE_LABEL] = rng.choice(ROUTES)
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        hostile_pod_change(rng, pod)
+    return review
+
+
 def body_of(review: dict[str, Any]) -> bytes:
     try:
         return json.dumps(review, separators=(",", ":")).encode()
@@ -221,7 +261,10 @@ def _huge_slice_ratio(body: bytes) -> bool:
 
 class Campaign:
     def __init__(self) -> None:
-        self.webhooks = {name: WebhookHttp(Admission(Engine(config))) for name, config in CONFIGS.items()}
+        self.webhooks = {}
+        for name, config in CONFIGS.items():
+            view = VIEWS[name]() if name in VIEWS else EMPTY_VIEW
+            self.webhooks[name] = WebhookHttp(Admission(Engine(config), cluster=lambda view=view: view))
         self.statuses: Counter[str] = Counter()
 
     def check(self, config_name: str, body: bytes) -> None:
@@ -249,6 +292,9 @@ class Campaign:
         mutated = jsonpatch.JsonPatch(operations).apply(pod, in_place=False)
         introduced = introduced_violations(pod, mutated)
         assert not introduced, (introduced, operations)
+        placement = scheduling_violations(mutated) - scheduling_violations(pod)
+        assert not placement, (placement, operations)
+        self._count_podmutation(mutated)
         request["object"] = mutated
         again = json.loads(
             webhook.handle(
@@ -257,6 +303,23 @@ class Campaign:
         )
         assert "patch" not in again["response"], (config_name, operations, again["response"])
 
+    def _count_podmutation(self, pod: Any) -> None:
+        """Which PodMutation the patch applied, and the group and placement it chose: the campaign
+        reaches them all (tests/serve/test_hostile_input.py holds it to that)."""
+        metadata = pod.get("metadata") if isinstance(pod, dict) else None
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        labels = metadata.get("labels") if isinstance(metadata, dict) else None
+        mark = annotations.get("castops.io/pod-mutation") if isinstance(annotations, dict) else None
+        if not isinstance(mark, str):
+            return
+        self.statuses[f"podmutation:{mark.split('/')[0]}"] += 1
+        group = annotations.get("castops.io/pod-mutation-group")
+        if group:
+            self.statuses[f"podmutation-group:{group}"] += 1
+        placed = labels.get("castops.io/placement") if isinstance(labels, dict) else None
+        if placed:
+            self.statuses[f"placement:{placed}"] += 1
+
 
 def run(requests: int, seed: int, keep_going: bool = False) -> Counter[str]:
     rng = random.Random(seed)
@@ -264,8 +327,13 @@ def run(requests: int, seed: int, keep_going: bool = False) -> Counter[str]:
     campaign = Campaign()
     names = sorted(CONFIGS)
     for number in range(requests):
-        review = mutate_review(rng, rng.choice(bases))
         config_name = names[number % len(names)]
+        if config_name in VIEWS and rng.random() < 0.7:
+            review = podmutation_variation(rng, copy.deepcopy(rng.choice(bases)))
+            if rng.random() < 0.3:
+                review = mutate_review(rng, review)
+        else:
+            review = mutate_review(rng, rng.choice(bases))
         body = body_of(review)
         try:
             campaign.check(config_name, body)

@@ -20,7 +20,7 @@ from function.core.engine import Engine
 from function.core.json_patch import PatchProofError, apply_patch, diff, same
 from function.serve.http_api import WebhookHttp
 from tests import fuzz
-from tests.hostile import with_pod
+from tests.hostile import PODMUTATION_SPECS, with_pod
 from tests.support import load_review
 
 ADMIT_ON_ERROR = parse_config({"onInternalError": "admit"})
@@ -295,12 +295,18 @@ def test_apply_patch_agrees_with_jsonpatch_on_every_diff(old: Any, new: Any) -> 
 
 # -- the campaign ------------------------------------------------------------------------------
 def test_a_bounded_fuzz_campaign_meets_the_bar() -> None:
-    """2,400 hostile requests over three configurations (about 2 s): no 500, no error outcome,
-    every patch applies and keeps the rules, no second-pass operation (tests/fuzz.py)."""
+    """2,400 hostile requests over five configurations, two of them with twelve PodMutations and
+    spot (tests/fuzz.py, tests/hostile.py): no 500, no error outcome, every patch applies and keeps
+    the rules, no second-pass operation; every PodMutation, group and placement is reached."""
     statuses = fuzz.run(2_400, seed=7)
     assert statuses["200"] > 1_500 and statuses["400"] > 100, statuses  # both paths exercised
     assert statuses["outcome:mutated"] > 500 and statuses["outcome:denied"] > 100, statuses
-    assert statuses["outcome:error"] == statuses["known: slice-ratio over 4,300 digits (issue 14)"]
+    assert statuses["outcome:error"] == statuses["known: slice-ratio over 4,300 digits (issue 14)"] == 0
+    applied = {key.split(":", 1)[1] for key in statuses if key.startswith("podmutation:")}
+    assert applied == {*PODMUTATION_SPECS, "pm11-castai"}, statuses
+    for reached in ("podmutation-group:a", "podmutation-group:b", "podmutation-group:none"):
+        assert statuses[reached] > 0, statuses
+    assert statuses["placement:spot"] > 0 and statuses["placement:on-demand"] > 0, statuses
 
 
 def test_hostile_requests_through_the_real_functions_framework_app(monkeypatch: pytest.MonkeyPatch) -> None:
