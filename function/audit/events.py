@@ -57,6 +57,12 @@ MAX_PATCH_BYTES: Final = 32 * 1024
 64 KiB many brokers accept. CastSlice's own patches are a few hundred bytes."""
 MAX_TEXT: Final = 2048
 """Reasons and messages are cut here: an internal error's text is not ours to bound."""
+MAX_IDENTITY: Final = 256
+"""``request.uid``, the username and each group are cut here (a Kubernetes uid has 36 characters,
+a ServiceAccount's username at most 317): the request is the client's, and a 6 MB uid must not
+make a 6 MB event."""
+MAX_GROUPS: Final = 32
+"""The groups kept in an event; more are left out (the event keeps well under broker limits)."""
 
 EXTENSION_NAME: Final = re.compile(r"^[a-z0-9]{1,20}$")
 _CORE_ATTRIBUTES: Final = frozenset(
@@ -118,6 +124,10 @@ def parse_extension_overrides(raw: str | None) -> dict[str, str]:
 
 
 # -- what the data holds ----------------------------------------------------------------------------
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_IDENTITY else text[: MAX_IDENTITY - 3] + "..."
+
+
 def _bounded(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
 
@@ -246,8 +256,11 @@ def _data(
         patch, redactions = [], 0
         omitted = f"patch of {size} bytes is larger than the {MAX_PATCH_BYTES}-byte limit for events"
     return {
-        "request": {"uid": facts.uid, "operation": facts.operation, "apiVersion": facts.api_version},
-        "user": {"username": facts.username, "groups": list(facts.groups)},
+        "request": {"uid": _capped(facts.uid), "operation": facts.operation, "apiVersion": facts.api_version},
+        "user": {
+            "username": _capped(facts.username),
+            "groups": [_capped(group) for group in facts.groups[:MAX_GROUPS]],
+        },
         "pod": facts.pod.as_dict(),
         "outcome": decision.outcome,
         "allowed": decision.allowed,

@@ -331,3 +331,44 @@ def test_an_env_entry_appended_with_dash_is_redacted_too() -> None:
     patch = [{"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "TOKEN", "value": "s3cr3t"}}]
     redacted, count = redact_patch(patch, pod)
     assert count == 1 and redacted[0]["value"] == {"name": "TOKEN", "value": REDACTED}
+
+
+def test_a_huge_uid_username_and_groups_make_no_huge_event() -> None:
+    """6 MB in through request.uid and userInfo.username must not be 6 MB out: each is cut at
+    MAX_IDENTITY characters (and marked), groups past MAX_GROUPS are left out."""
+    from function.audit.events import MAX_GROUPS, MAX_IDENTITY, build_wire_event
+
+    document = load_review("default-slice-inference")
+    request = document["request"]
+    request["uid"] = "u" * 3_000_000
+    request["userInfo"] = {"username": "n" * 3_000_000, "groups": ["g" * 1_000] * 5_000}
+    review = parse_review(json.dumps(document).encode())
+    decision = Decision("unchanged", True, "nothing to do")
+    wire = build_wire_event(
+        audit_facts(review, decision),
+        decision,
+        event_id="e",
+        decided_at=MOMENT,
+        source="/s",
+        config_digest="sha256:" + "0" * 16,
+    )
+    assert len(wire.data) < 16 * 1024
+    data = json.loads(wire.data)
+    assert data["request"]["uid"] == "u" * (MAX_IDENTITY - 3) + "..."
+    assert data["user"]["username"] == "n" * (MAX_IDENTITY - 3) + "..."
+    assert data["user"]["groups"] == ["g" * (MAX_IDENTITY - 3) + "..."] * MAX_GROUPS
+    assert (
+        event_problems(
+            to_dict(
+                build_event(
+                    audit_facts(review, decision),
+                    decision,
+                    event_id="e",
+                    decided_at=MOMENT,
+                    source="/s",
+                    config_digest="sha256:" + "0" * 16,
+                )
+            )
+        )
+        == []
+    )
