@@ -752,3 +752,20 @@ def test_a_copied_env_value_or_arg_is_redacted_from_the_audit_event(source: str,
     data = event_data(review, decision, config_digest="d", decided_at=datetime.now(UTC))
     assert secret not in json.dumps(data)
     assert data["patchRedactions"] == 1 and REDACTED in json.dumps(data["patch"])
+
+
+def test_a_term_the_apiserver_refuses_is_kept_once_not_copied_for_each_new_term() -> None:
+    """Found by the larger fuzz campaign (seed 11): a required term with malformed expressions,
+    ANDed with a mutation of two terms, became two copies of the problem, and the proof withheld
+    the whole decision. Such a Pod is refused whatever is added: the term stays as it is, once."""
+    broken = {"matchExpressions": [None, 5, {"key": None}]}
+    gpu = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [gpu, zone]}}
+    two_terms = {"affinity": {"nodeAffinity": required}}
+    decision = decide(engine(), gpu_pod_with_required_terms([copy_json(broken)]), view(pm("m", two_terms)))
+    assert decision.outcome == "mutated", decision.reason
+    terms = decision.mutated_pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [broken]

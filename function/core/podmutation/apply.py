@@ -148,8 +148,8 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
         for old in existing:
             if isinstance(old, Mapping) and not _readable_term(old):
                 # An empty term (no expressions: absent, null or []) matches no node, and ANDing
-                # into it would make it match some: it stays as it is. So does a term whose parts
-                # are not lists, which the apiserver rejects whatever is added to it.
+                # into it would make it match some: it stays as it is. So does a term the
+                # apiserver rejects (parts that are not lists, a malformed expression).
                 new_terms.append(_term_copy(old))
                 continue
             for term in terms:
@@ -173,9 +173,14 @@ def and_into_required(spec: dict[str, Any], terms: Sequence[Mapping[str, Any]]) 
 
 def _readable_term(term: Mapping[str, Any]) -> bool:
     """Whether a node selector term selects anything and can take more expressions: some
-    matchExpressions or matchFields, and each part a list or null."""
+    matchExpressions or matchFields, each part a list or null, and no expression the apiserver
+    refuses (such a Pod is rejected whatever is added; copying the term for each new one would
+    only copy the problem to a new place)."""
     parts = [term.get("matchExpressions"), term.get("matchFields")]
-    return any(parts) and all(part is None or isinstance(part, list) for part in parts)
+    if not any(parts) or not all(part is None or isinstance(part, list) for part in parts):
+        return False
+    alone = {"spec": {"affinity": {NODE_AFFINITY: {REQUIRED: {"nodeSelectorTerms": [dict(term)]}}}}}
+    return not scheduling_violations(alone)
 
 
 def _term_copy(term: Mapping[str, Any]) -> dict[str, Any]:
