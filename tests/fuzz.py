@@ -35,8 +35,7 @@ import jsonpatch
 from function.admission.review import Admission
 from function.core.config import Config, parse_config
 from function.core.engine import Engine
-from function.core.placement import scheduling_violations
-from function.core.rules import introduced_violations
+from function.core.rules import introduced_violations, scheduling_violations
 from function.core.view import EMPTY_VIEW, ClusterView
 from function.serve.http_api import WebhookHttp
 from tests.hostile import ROUTE_LABEL, ROUTES, hostile_pod_change, podmutation_view

@@ -237,11 +237,12 @@ def podmutation_objects(castai: bool = False) -> list[dict[str, Any]]:
 def podmutation_view(castai: bool = False) -> Any:
     """The PodMutations above, siblings of every owner in the recorded reviews (placed, grouped,
     terminating, unplaced) and recent decisions not yet in the view, as the served webhook sees them."""
-    from function.core.mutators.pod_mutations import CASTAI_MUTATIONS, JOBS, OUR_MUTATIONS, mutation_records
+    from function.core.mutators.pod_mutations import CASTAI_MUTATIONS, JOBS, OUR_MUTATIONS
     from function.core.placement import LedgerEntry
-    from function.core.view import PODS, REPLICASETS, Owner, PodRecord, StaticView
+    from function.core.pod import Owner
+    from function.core.view import PODS, REPLICASETS, PodRecord, StaticView
     from function.serve.spot_ledger import ViewWithLedger
-    from tests.support import review_names
+    from tests.support import mutation_records, review_names
 
     objects = podmutation_objects(castai)
     ours = [o for o in objects if o["apiVersion"].startswith("castops.io")]

@@ -736,6 +736,7 @@ def test_spot_places_a_pod_whose_mark_is_no_podmutation_s(podmutations: bool, ma
 def test_a_copied_env_value_or_arg_is_redacted_from_the_audit_event(source: str, target: str) -> None:
     from datetime import UTC, datetime
 
+    from function.admission.facts import audit_facts
     from function.audit.events import REDACTED, event_data
 
     secret = "s3cr3t-token"
@@ -749,7 +750,9 @@ def test_a_copied_env_value_or_arg_is_redacted_from_the_audit_event(source: str,
     assert secret in json.dumps(list(decision.patch))  # the apiserver gets the copy
     review = pod_review()
     review.request.object = p  # the Pod the decision was made on, whose secrets are redacted
-    data = event_data(review, decision, config_digest="d", decided_at=datetime.now(UTC))
+    data = event_data(
+        audit_facts(review, decision), decision, config_digest="d", decided_at=datetime.now(UTC)
+    )
     assert secret not in json.dumps(data)
     assert data["patchRedactions"] == 1 and REDACTED in json.dumps(data["patch"])
 

@@ -26,9 +26,8 @@ import yaml
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, FakeNode, node_manifest
-from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
+from .launch import EventLog, RoundRobinProxy, ServedController, ServedWebhook, pointed_at, start_event_sink
 from .support import kubectl, restart_apiserver
-from .test_spot_e2e import RoundRobinProxy
 
 pytestmark = pytest.mark.e2e
 
