@@ -161,6 +161,10 @@ def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
 
     monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
     monkeypatch.setattr(function.serve.asgi, "serving_app", serving_app)
+    import function.serve.watch
+
+    # The credentials a mutator that reads the cluster needs are checked before forking.
+    monkeypatch.setattr(function.serve.watch, "kube_transport", lambda environ=None: None)
     if chosen is None:
         monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
     else:

@@ -24,7 +24,7 @@ from function.serve.spot_ledger import (
     with_ledger,
 )
 from tests.spot_support import make_pod, owner, siblings
-from tests.support import pod_review
+from tests.support import mutation_records, pod_review
 
 
 class Clock:
@@ -219,7 +219,7 @@ def test_a_burst_under_a_podmutation_distribution_is_split_exactly_in_one_proces
     from function.admission.review import Admission
     from function.admission.wire import parse_review
     from function.core.engine import Engine
-    from function.core.mutators.pod_mutations import OUR_MUTATIONS, mutation_records
+    from function.core.mutators.pod_mutations import OUR_MUTATIONS
     from function.core.view import PODS, REPLICASETS
 
     config = parse_config({"podMutations": {"enabled": True}})
