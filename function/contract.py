@@ -38,6 +38,9 @@ HEADER_READ_SECONDS: Final = 5.0
 BODY_READ_SECONDS: Final = 10.0
 """From the end of the headers to the end of the body (3 MiB at 2.5 Mbit/s); slower gets 408.
 Below the apiserver's longest webhook timeout (30 s), so a stalled client cannot hold a slot longer."""
+WRITE_SECONDS: Final = 10.0
+"""How long the server's send buffer may stay full (a client that sends requests and never reads
+the replies, pipelined); then the connection is dropped, freeing what it holds."""
 IDLE_KEEPALIVE_SECONDS: Final = 5.0
 """A connection with no request in progress (new, or kept alive after a reply) is closed after this."""
 SHUTDOWN_PICKUP_SECONDS: Final = 0.2

@@ -44,9 +44,11 @@ from function.contract import (
     HEADER_READ_SECONDS,
     IDLE_KEEPALIVE_SECONDS,
     LARGE_BODY_BYTES,
+    MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
     SHUTDOWN_LINGER_SECONDS,
     SHUTDOWN_PICKUP_SECONDS,
+    WRITE_SECONDS,
 )
 from function.serve.draining import DRAINING, drain_seconds
 from function.serve.http_api import INTERNAL_ERROR, HttpReply, ReviewHandler, is_review, problem
@@ -84,6 +86,14 @@ HEADERS_TOO_SLOW = http_bytes(
 BODY_TOO_SLOW = http_bytes(
     problem(408, f"request body not received within {BODY_READ_SECONDS:g} s"), close=True
 )
+BODY_TOO_LARGE = http_bytes(problem(413, f"request body larger than {MAX_BODY_BYTES} bytes"), close=True)
+
+
+def _declared_length(cycle: RequestResponseCycle) -> int | None:
+    for name, value in cycle.scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def _direct_eligible(cycle: RequestResponseCycle) -> bool:
@@ -108,6 +118,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_headers = False
         self._header_bytes = 0
         self._read_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._in_message = False
+        """Between a request's first byte and the end of its body, as the parser reads them."""
+        self._body_bytes = 0
         self._shutting_down = False
         self._eof_sent = False
         self._direct: RequestResponseCycle | None = None
@@ -127,13 +141,25 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_timer()
+        self._cancel_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # The send buffer is full: the client is not reading its replies. uvicorn then waits for
+        # it to drain, for ever; bound that wait.
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(WRITE_SECONDS, self._write_too_slow)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         if self._eof_sent:
             return  # shutting down and already said so with a FIN: read and drop until the peer closes
         # Bytes arriving while no body is being read belong to a request line or headers.
-        between = self._reading_headers or self.cycle is None or self.cycle.response_complete
+        between = self._reading_headers or not self._in_message
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -143,8 +169,13 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             self._header_bytes += len(data) if between else 0
             if self._header_bytes > MAX_HEADER_BYTES:
                 self._refuse(HEADERS_TOO_LARGE, "request headers larger than %d bytes", MAX_HEADER_BYTES)
-        elif self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
+        elif (
+            self._read_timer is None
+            and not self._in_message
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
             # Bytes that begin no request (stray CRLFs) cancelled the idle timer: bound them too.
+            # (Not the end of a body answered early: that is the end of a request, not a start.)
             self._arm_read_timer(HEADER_READ_SECONDS, HEADERS_TOO_SLOW, "headers")
 
     def send_400_response(self, msg: str) -> None:
@@ -157,7 +188,9 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_headers = True
+        self._in_message = True
         self._header_bytes = 0
+        self._body_bytes = 0
         self._arm_read_timer(HEADER_READ_SECONDS, HEADERS_TOO_SLOW, "headers")
 
     def on_url(self, url: bytes) -> None:
@@ -178,15 +211,27 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             # Answered with "connection: close", then closed: while draining, the client's next
             # connection goes to a replica that stays (function/serve/draining.py).
             self.cycle.keep_alive = False
+        declared = _declared_length(self.cycle) if self.cycle is not None else None
+        if declared is not None and declared > MAX_BODY_BYTES:
+            self._refuse_body()
 
     def on_body(self, body: bytes) -> None:
+        if self._eof_sent:
+            return  # refused: the rest is read and dropped
+        self._body_bytes += len(body)
+        if self._body_bytes > MAX_BODY_BYTES:  # chunked, or more than declared
+            self._refuse_body()
+            return
         super().on_body(body)
         if self._direct is not None and self._direct is self.cycle:
             # uvicorn pauses reading past 64 KiB until the app reads; here nobody else will.
             self.flow.resume_reading()
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._cancel_read_timer()
+        if self._eof_sent:
+            return  # a refused request's end: nothing to answer
         super().on_message_complete()
         if self._direct is not None and self._direct is self.cycle:
             self._answer_direct(self._direct)
@@ -266,6 +311,36 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self._refuse(reply, "request %s too slow: closed", what)
+
+    def _refuse_body(self) -> None:
+        """A body over MAX_BODY_BYTES: 413 now, from here, and the connection closed cleanly. The
+        client is usually still sending: answered by the app, the 413 would leave the rest of the
+        body to arrive on a kept-alive connection (read as the start of a next request, it earned
+        an unsolicited 408), and with ``Connection: close`` the socket closed with those bytes
+        unread, which the kernel answers with a reset."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            # The app sees a disconnect on its next read, and whatever it answers is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._refuse(BODY_TOO_LARGE, "request body larger than %d bytes: 413, closed", MAX_BODY_BYTES)
+        self.flow.resume_reading()  # read and drop the rest until the client closes
+
+    def _write_too_slow(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        log.warning("client read no reply for %g s: connection dropped", WRITE_SECONDS)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        # Nothing can reach a client that does not read: drop the connection and what it holds.
+        self.transport.abort()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def _refuse(self, reply: bytes, message: str, *args: object) -> None:
         if self.transport.is_closing():

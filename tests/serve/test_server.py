@@ -5,6 +5,7 @@ never a reset). Run on a real uvicorn server on loopback, with the time limits m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -53,7 +54,7 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
             break
     if scope["path"] == "/slow":
         await asyncio.sleep(0.3)
-    reply = b'{"size":%d}' % len(body)
+    reply = b'{"size":%d}' % len(body) if scope["path"] != "/big" else b"x" * 1_000_000
     await send(
         {
             "type": "http.response.start",
@@ -199,6 +200,59 @@ def test_an_idle_connection_is_closed(served: LoopbackServer, after_a_request: b
             assert read_response(sock).startswith(b"HTTP/1.1 200")
         assert read_all(sock) == b""
     assert time.monotonic() - started < SHORT + 2
+
+
+@pytest.mark.parametrize("connection", [b"", b"Connection: close\r\n"], ids=["keep-alive", "close"])
+def test_a_body_over_the_limit_gets_one_413_then_a_clean_close(
+    served: LoopbackServer, connection: bytes
+) -> None:
+    """The 413 is the connection's last word: no unsolicited 408 once the client has sent the rest
+    of the oversized body (it used to be read as the start of a next request), and no reset with
+    ``Connection: close`` (the socket used to close with the body's bytes unread)."""
+    from function.contract import MAX_BODY_BYTES
+
+    size = MAX_BODY_BYTES + 1
+    sock = served.connect()
+    sock.settimeout(30)
+    sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n" % (connection, size))
+    sock.sendall(b"x" * size)
+    received = read_all(sock)  # a reset raises ConnectionResetError here
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert received.count(b"HTTP/1.1 ") == 1, received
+    assert f"larger than {MAX_BODY_BYTES} bytes".encode() in received
+
+
+def test_a_chunked_body_over_the_limit_gets_413_and_a_clean_close(served: LoopbackServer) -> None:
+    from function.contract import MAX_BODY_BYTES
+
+    sock = served.connect()
+    sock.settimeout(30)
+    sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"x" * (1024 * 1024)
+    with contextlib.suppress(OSError):  # the server may half-close and stop caring mid-way
+        for _ in range(MAX_BODY_BYTES // len(chunk) + 2):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        sock.sendall(b"0\r\n\r\n")
+    received = read_all(sock)
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert received.count(b"HTTP/1.1 ") == 1, received
+
+
+def test_a_client_that_pipelines_and_never_reads_is_dropped(
+    served: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies nobody reads fill the send buffer, and uvicorn waits for it to drain for ever:
+    WRITE_SECONDS bounds that wait (0.5 s here; the bound below is far above it)."""
+    monkeypatch.setattr(hardened, "WRITE_SECONDS", SHORT)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    sock.connect(("127.0.0.1", served.port))
+    sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 20)  # 20 MB of replies, none read
+    deadline = time.monotonic() + 30
+    while served.server.server_state.connections and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not served.server.server_state.connections, "the connection is still held"
+    sock.close()
 
 
 def test_stray_bytes_that_begin_no_request_do_not_hold_a_connection(served: LoopbackServer) -> None:
