@@ -25,9 +25,8 @@ MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
 LARGE_REVIEWS_ENV: Final = "CASTSLICE_LARGE_REVIEWS"
 """``process``: large reviews are decided in a child process; anything else: on the event loop, as
-any review. Unset, ``castslice serve`` offloads them unless an enabled mutator reads the cluster
-view (the child has none), and functions-framework's ``mutate`` target does not; the Knative
-Functions instance never does."""
+any review. Unset, ``castslice serve`` offloads them (the child reads the worker's cluster view),
+and functions-framework's ``mutate`` target does not; the Knative Functions instance never does."""
 LARGE_BODY_BYTES: Final = 256 * 1024
 """Reviews with a larger body are decided in a separate process, off the event loop
 (function/serve/offload.py)."""

@@ -254,9 +254,9 @@ def stop(server: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def large_reviews(port: int) -> dict[str, float]:
-    """Small mutating reviews, one after another on a kept-alive connection, while six 3 MiB
-    reviews are in flight: their p50/p99, and how long the large ones took."""
+def large_reviews(port: int, in_flight: int = 6) -> dict[str, float]:
+    """Small mutating reviews, one after another on a kept-alive connection, while ``in_flight``
+    3 MiB reviews are in flight: their p50/p99, and how long the large ones took."""
     import http.client
 
     from tests.hostile import large_review
@@ -287,7 +287,7 @@ def large_reviews(port: int) -> dict[str, float]:
         post(connection, small)
         idle.append((time.perf_counter() - started) * 1e3)
     idle.sort()
-    threads = [threading.Thread(target=big_one) for _ in range(6)]
+    threads = [threading.Thread(target=big_one) for _ in range(in_flight)]
     big_times.clear()
     for thread in threads:
         thread.start()

@@ -106,11 +106,16 @@ def build_webhook_and_recorder(
     turns = DecisionTurns() if ledger is not None or lease_ledger is not None else None
     decisions: DecisionRecorder = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
     cluster = with_ledger(snapshot, ledger, turns)
+    # What a large review decided in the child process reads (function/serve/offload.py): the same
+    # snapshot and ledgers, without a turn (held across the child's decision, it would stop the
+    # event loop's own reviews).
+    unturned = with_ledger(snapshot, ledger)
     if config.section("gpuLeases").enabled:
         if lease_ledger is not None:
             # The spot recorder (inner) ends the turn when there is one; else this one does.
             decisions = LeaseLedgerRecorder(decisions, lease_ledger, turns if ledger is None else None)
         cluster = with_lease_ledger(cluster, lease_ledger, turns if ledger is None else None)
+        unturned = with_lease_ledger(unturned, lease_ledger, None)
     admission = Admission(engine, decisions, cluster=cluster)
 
     def ready() -> bool:
@@ -118,7 +123,7 @@ def build_webhook_and_recorder(
         # half-known cluster would be a guess. Not ready either once draining after SIGTERM.
         return recorder.ready() and not DRAINING.is_set() and (watcher is None or watcher.synced())
 
-    offload = LargeReviews(config) if large_reviews else None
+    offload = LargeReviews(config, unturned if watcher is not None else None) if large_reviews else None
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)
     webhook.watcher = watcher
     return webhook, recorder

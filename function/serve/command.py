@@ -51,11 +51,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"castslice serve: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT
     # Large reviews off the event loop, in a child process of the worker (function/serve/offload.py),
-    # unless a mutator reads the cluster: the child has no view, and deciding such a Pod on an
-    # empty view would silently skip the PodMutations or spot counts that apply to it.
-    # CASTSLICE_LARGE_REVIEWS, when set, decides instead ("process": offloaded).
+    # which reads the worker's cluster view; CASTSLICE_LARGE_REVIEWS, when set, decides instead
+    # ("process": offloaded, anything else: on the event loop).
     chosen = os.environ.get(LARGE_REVIEWS_ENV)
-    large_reviews = chosen == "process" if chosen is not None else not watches_for(config)
+    large_reviews = chosen is None or chosen == "process"
     # The configuration and that choice reach the worker as the app's arguments.
     app = serving_app(args.target, config, large_reviews=large_reviews)
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and

@@ -13,8 +13,16 @@ audit facts (function/admission/facts.py), and the worker records them (metrics,
 exactly as for a small review. One child, one review at a time, in arrival order: more would
 only share the same core.
 
-Limitation: the child has no cluster view (function/core/view.py); a plug-in that reads cluster
-state sees an empty one for a review larger than LARGE_BODY_BYTES.
+The child decides over the worker's cluster view (``RemoteView``): the worker takes the review's
+snapshot when it hands the review over, and answers the child's reads of it (the compiled
+PodMutations, one owner's sibling group, a ReplicaSet, the ledgers) over a pipe, from a thread.
+What a decision reads is small, so the worker's share of a large review stays a few small
+pickles, and the child sees exactly what the review would have seen on the event loop. An index
+the child has read is kept while the worker's snapshot holds the very same index object (the view
+replaces an index when it changes), so the PodMutations are not sent again for every review.
+The one difference: a large review takes no decision turn (function/serve/spot_ledger.py
+``DecisionTurns``): a turn held across the child's decision would stop the event loop's own
+reviews; a small sibling decided meanwhile can be counted once less, as across two processes.
 """
 
 from __future__ import annotations
@@ -24,8 +32,12 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
+from itertools import count
+from multiprocessing.connection import Connection
+from typing import Any
 
 import orjson
 
@@ -34,6 +46,7 @@ from function.admission.review import Admission
 from function.admission.wire import BadReview, parse_review
 from function.core.config import Config
 from function.core.engine import Decision
+from function.core.view import EMPTY_VIEW, ClusterView
 from function.serve.http_api import problem
 
 log = logging.getLogger("castslice.offload")
@@ -42,15 +55,127 @@ Outcome = tuple[int, bytes, AuditFacts | None, Decision | None]
 """HTTP status, reply body, the audit facts to record (None for a 400), the decision."""
 
 _admission: Admission | None = None
+_view_pipe: Connection | None = None
+"""In the child: the pipe to the worker's view server (None: the worker has no view)."""
+_review_token = 0
+"""In the child: the review being decided, as the worker numbered it."""
+_indices: dict[str, tuple[int, RemoteIndex]] = {}
+"""In the child: each index read, with the worker's number for the index object it came from."""
+
+
+# -- the child's view of the worker's snapshot ----------------------------------------------------
+class ViewGone(RuntimeError):
+    """The worker did not answer a read of its view."""
+
+
+def _ask(*question: Any) -> Any:
+    if _view_pipe is None:
+        raise ViewGone("no view")
+    _view_pipe.send((_review_token, *question))
+    kind, answer = _view_pipe.recv()
+    if kind == "error":
+        raise ViewGone(answer)
+    return answer
+
+
+_MISSING = object()
+
+
+class RemoteIndex(Mapping[str, Any]):
+    """One index of the worker's snapshot, read key by key (``get``, ``in``: one record) or
+    whole (iteration: the PodMutations), and remembered."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._records: dict[str, Any] = {}
+        self._absent: set[str] = set()
+        self._whole = False
+
+    def __getitem__(self, key: str) -> Any:
+        found = self._records.get(key, _MISSING)
+        if found is _MISSING:
+            if self._whole or key in self._absent:
+                raise KeyError(key)
+            found = _ask("get", self.name, key)
+            if found is _MISSING or found is None:
+                self._absent.add(key)
+                raise KeyError(key)
+            self._records[key] = found
+        return found
+
+    def _all(self) -> dict[str, Any]:
+        if not self._whole:
+            self._records = _ask("index", self.name)
+            self._whole = True
+        return self._records
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class RemoteView:
+    """The ClusterView of one large review: the worker's snapshot, read through the pipe."""
+
+    def __init__(self, available: bool, now: Any) -> None:
+        self._available = available
+        self.now = now  # GPU leases read the snapshot's time (function/core/mutators/gpu_leases.py)
+        self._groups: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self._synced: dict[str, bool] = {}
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        number = _ask("number", name)
+        known = _indices.get(name)
+        if known is not None and known[0] == number:
+            return known[1]  # the same index object in the worker: what was read of it holds
+        fresh = RemoteIndex(name)
+        _indices[name] = (number, fresh)
+        return fresh
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        found = self._groups.get((name, key))
+        if found is None:
+            found = self._groups[(name, key)] = _ask("group", name, key)
+        return found
+
+    def synced(self, name: str) -> bool:
+        found = self._synced.get(name)
+        if found is None:
+            found = self._synced[name] = bool(_ask("synced", name))
+        return found
+
+
+class RemoteTallyView(RemoteView):
+    """A RemoteView of a snapshot that keeps per-group sums (``View.tally``)."""
+
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        answer: tuple[int, ...] = _ask("tally", name, key)
+        return answer
+
+
+def _current_view() -> ClusterView:
+    if _view_pipe is None:
+        return EMPTY_VIEW
+    available, has_tally, now = _ask("begin")
+    if available is None:
+        return EMPTY_VIEW  # the worker has no snapshot for this review
+    return (RemoteTallyView if has_tally else RemoteView)(available, now)
+
 
 CHILD_NICENESS = 10
 """CFS gives a nice-10 process about a tenth of the weight of the nice-0 worker beside it."""
 
 
-def _start_child(config: Config) -> None:
+def _start_child(config: Config, view_pipe: Connection | None = None) -> None:
     # In the child: the engine from the worker's configuration (passed, pickled), without a
     # recorder: the worker records.
-    global _admission
+    global _admission, _view_pipe
     from function.core.engine import Engine
     from function.serve.app import configure_logging
 
@@ -58,7 +183,8 @@ def _start_child(config: Config) -> None:
     # Lower priority than the worker: on a shared core the scheduler then runs the worker (small
     # reviews, /healthz) as soon as it has work; the child still gets every cycle the worker leaves.
     os.nice(CHILD_NICENESS)
-    _admission = Admission(Engine(config))
+    _view_pipe = view_pipe
+    _admission = Admission(Engine(config), cluster=_current_view)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
@@ -70,9 +196,23 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def decide(body: bytes) -> Outcome:
-    """In the child: the reply to one body, as WebhookHttp.mutate would build it."""
+def _slim(pod: Any) -> Any:
+    """What the worker's ledgers read of an admitted Pod (function/serve/spot_ledger.py,
+    lease_ledger.py): its metadata's owners, labels, annotations and namespace; not the whole
+    Pod, which would cost the worker as much to unpickle as the review cost to parse."""
+    metadata = pod.get("metadata") if isinstance(pod, dict) else None
+    if not isinstance(metadata, dict):
+        return None
+    kept = ("namespace", "ownerReferences", "labels", "annotations")
+    return {"metadata": {key: metadata[key] for key in kept if key in metadata}}
+
+
+def decide(body: bytes, token: int = 0) -> Outcome:
+    """In the child: the reply to one body, as WebhookHttp.mutate would build it; ``token``
+    names the worker's snapshot for this review."""
+    global _review_token
     assert _admission is not None, "child not started"
+    _review_token = token
     try:
         review = parse_review(body)
     except BadReview as bad:
@@ -82,33 +222,120 @@ def decide(body: bytes) -> Outcome:
     reply = orjson.dumps(answer.review(review.apiVersion))
     decision = answer.decision
     if decision is not None:
-        decision = replace(decision, mutated_pod=None)  # the whole Pod: not needed, not sent back
+        decision = replace(decision, mutated_pod=_slim(decision.mutated_pod))
     return 200, reply, answer.facts, decision
 
 
 class LargeReviews:
     """One child process deciding large reviews with ``config``'s engine, spawned on the first
-    large review, in the serving process: building a webhook starts no process."""
+    large review, in the serving process: building a webhook starts no process. ``cluster``
+    gives a review's snapshot (as Admission's ``cluster``, without decision turns); the child
+    reads it through ``ViewServer``."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, cluster: Callable[[], ClusterView] | None = None) -> None:
         self.config = config
+        self.cluster = cluster
         self.pool: ProcessPoolExecutor | None = None
+        self.views: ViewServer | None = None
         self._lock = threading.Lock()
 
     def submit(self, body: bytes) -> Future[Outcome]:
-        return self._started().submit(decide, body)
+        pool = self._started()
+        if self.views is None or self.cluster is None:
+            return pool.submit(decide, body)
+        token = self.views.hold(self.cluster())
+        future = pool.submit(decide, body, token)
+        future.add_done_callback(lambda _: self.views.release(token) if self.views else None)
+        return future
 
     def _started(self) -> ProcessPoolExecutor:
         with self._lock:
             if self.pool is None:
+                child_end: Connection | None = None
+                if self.cluster is not None:
+                    worker_end, child_end = multiprocessing.get_context("spawn").Pipe()
+                    self.views = ViewServer(worker_end)
                 self.pool = ProcessPoolExecutor(
                     max_workers=1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start_child,
-                    initargs=(self.config,),
+                    initargs=(self.config, child_end),
                 )
             return self.pool
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.views is not None:
+            self.views.close()
+
+
+class ViewServer:
+    """In the worker: answers the child's reads of the snapshots of the reviews it decides, on a
+    thread of its own (each answer is a dict lookup and a small pickle)."""
+
+    def __init__(self, pipe: Connection) -> None:
+        self.pipe = pipe
+        self._snapshots: dict[int, ClusterView] = {}
+        self._numbers = count(1)
+        self._index_numbers: dict[str, tuple[object, int]] = {}
+        """Each index last numbered, held (so no other object takes its place) with its number."""
+        threading.Thread(target=self._serve, name="castslice-large-review-view", daemon=True).start()
+
+    def hold(self, snapshot: ClusterView) -> int:
+        token = next(self._numbers)
+        self._snapshots[token] = snapshot
+        return token
+
+    def release(self, token: int) -> None:
+        self._snapshots.pop(token, None)
+
+    def close(self) -> None:
+        self.pipe.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                token, question, *args = self.pipe.recv()
+            except (EOFError, OSError):
+                return  # the child (or the worker's pool) is gone
+            try:
+                answer: tuple[str, Any] = ("ok", self.answer(self._snapshots.get(token), question, *args))
+            except Exception as error:  # the child raises it as ViewGone: an internal error, logged
+                log.exception("answering the large-review process's %s read", question)
+                answer = ("error", f"{question}: {error!r}")
+            try:
+                self.pipe.send(answer)
+            except (OSError, ValueError):
+                return
+
+    def answer(self, view: ClusterView | None, question: str, *args: Any) -> Any:
+        if question == "begin":
+            if view is None:
+                return None, False, None
+            return view.available, callable(getattr(view, "tally", None)), getattr(view, "now", None)
+        if view is None:
+            raise LookupError("no snapshot for this review")
+        if question == "number":
+            (name,) = args
+            index = view.index(name)
+            known = self._index_numbers.get(name)
+            if known is None or known[0] is not index:
+                known = self._index_numbers[name] = (index, next(self._numbers))
+            return known[1]
+        if question == "get":
+            name, key = args
+            return view.index(name).get(key)
+        if question == "index":
+            (name,) = args
+            return dict(view.index(name))
+        if question == "group":
+            name, key = args
+            return dict(view.group(name, key))
+        if question == "synced":
+            (name,) = args
+            return view.synced(name)
+        if question == "tally":
+            name, key = args
+            return view.tally(name, key)  # type: ignore[attr-defined]
+        raise LookupError(f"unknown question {question!r}")

@@ -131,18 +131,18 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
     ("config", "chosen", "offloaded"),
     [
         ("{}", None, True),
-        ("podMutations: {enabled: true}", None, False),
+        ("podMutations: {enabled: true}", None, True),
         ("podMutations: {enabled: true}", "process", True),
+        ("podMutations: {enabled: true}", "event-loop", False),
         ("{}", "event-loop", False),
     ],
 )
-def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
+def test_serve_offloads_large_reviews_unless_told_otherwise(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, config: str, chosen: str | None, offloaded: bool
 ) -> None:
-    """The large-review process has no cluster view: with a mutator that reads the cluster on,
-    large Pods stay on the event loop rather than being decided on an empty view, unless
-    CASTSLICE_LARGE_REVIEWS says otherwise. The choice and the configuration reach the app as
-    arguments; the environment is left as it was."""
+    """Large reviews go to the child process (which reads the worker's cluster view), with
+    PodMutations on too, unless CASTSLICE_LARGE_REVIEWS says otherwise. The choice and the
+    configuration reach the app as arguments; the environment is left as it was."""
     import functions_framework._http
 
     import function.serve.asgi
@@ -177,3 +177,69 @@ def test_serve_offloads_large_reviews_only_when_no_mutator_reads_the_cluster(
     assert (target, large_reviews) == ("mutate", offloaded)
     assert given == load_config_file(path)  # the configuration itself, not a path in the environment
     assert os.environ.get(LARGE_REVIEWS_ENV) == chosen and "CASTSLICE_CONFIG" not in os.environ
+
+
+# -- the large-review process reads the worker's cluster view ------------------------------------
+def routed_large_review(route: str) -> bytes:
+    """A large review of a ReplicaSet's Pod (its siblings are in tests/hostile.py's view) routed to
+    one of the PodMutations there."""
+    from tests.hostile import ROUTE_LABEL
+
+    review = json.loads(large_review(LARGE_BODY_BYTES * 2, base="default-inference-fleet-64d4bcc9b8"))
+    review["request"]["object"]["metadata"]["labels"][ROUTE_LABEL] = route
+    return json.dumps(review).encode()
+
+
+def test_a_large_review_is_decided_over_the_workers_view_as_on_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped configuration (PodMutations on, here with spot): the child decides a large Pod
+    over the worker's snapshot (PodMutations, siblings, the ledger), exactly as the worker would;
+    an index the child has read is not sent again while it is the same object."""
+    from tests.fuzz import CONFIGS
+    from tests.hostile import podmutation_view
+
+    config = CONFIGS["podmutations-spot"]
+    view = podmutation_view(castai=True)
+    questions: list[tuple[str, tuple[Any, ...]]] = []
+    answer = offload.ViewServer.answer
+
+    def counted(self: offload.ViewServer, snapshot: Any, question: str, *args: Any) -> Any:
+        questions.append((question, args))
+        return answer(self, snapshot, question, *args)
+
+    monkeypatch.setattr(offload.ViewServer, "answer", counted)
+    here = WebhookHttp(Admission(Engine(config), cluster=lambda: view))
+    there = offload.LargeReviews(config, cluster=lambda: view)
+    try:
+        for route in ("pm01", "pm06", "pm11", "unrouted"):  # affinity, a share, CAST AI's, none
+            body = routed_large_review(route)
+            expected = here.handle("POST", "/mutate", body)
+            status, reply, _facts, decision = there.submit(body).result(timeout=120)
+            assert (status, json.loads(reply)) == (expected.status, json.loads(expected.body)), route
+            assert decision is not None and decision.outcome == "mutated", decision
+            if route != "unrouted":
+                mutators = json.loads(reply)["response"]["auditAnnotations"]["mutators"]
+                assert "pod-mutations" in mutators.split(","), route  # the view was read
+    finally:
+        there.close()
+    whole = [args for question, args in questions if question == "index"]
+    assert whole.count(("podmutations",)) == 1, questions  # read once, kept while unchanged
+
+
+def test_an_offloaded_decision_feeds_the_workers_ledger() -> None:
+    """What the worker's ledgers read of an admitted Pod comes back from the child (its metadata),
+    not the whole Pod: a large Pod's placement joins the ledger as a small one's does."""
+    from function.serve.spot_ledger import DecisionLedger
+    from tests.fuzz import CONFIGS
+    from tests.hostile import podmutation_view
+
+    view = podmutation_view(castai=True)
+    there = offload.LargeReviews(CONFIGS["podmutations-spot"], cluster=lambda: view)
+    try:
+        _status, _reply, _facts, decision = there.submit(routed_large_review("pm06")).result(timeout=120)
+    finally:
+        there.close()
+    assert decision is not None and set(decision.mutated_pod) == {"metadata"}
+    ledger = DecisionLedger()
+    assert ledger.observe_admitted(decision.mutated_pod)
