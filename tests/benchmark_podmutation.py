@@ -8,8 +8,12 @@ remembered answer helps): linear time on RE2, where Python's re took 3.2 s at 27
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests is a package
 
 from function.core.config import parse_config
 from function.core.engine import Engine

@@ -10,7 +10,7 @@ means the policy was escaped); a 400 quotes a bounded amount of input; an allowe
 the Pod, breaks no extended-resource or placement rule the Pod did not already break, and a second
 pass over the patched Pod (reinvocation) produces no operation; no env value reaches the answer.
 
-tests/test_fuzz.py runs a bounded campaign with a fixed seed; a larger one runs by hand:
+tests/serve/test_hostile_input.py runs a bounded campaign with a fixed seed; a larger one runs by hand:
 
     python -m tests.fuzz --requests 50000 --seed 7
 """
