@@ -243,9 +243,14 @@ class LargeReviews:
         pool = self._started()
         if self.views is None or self.cluster is None:
             return pool.submit(decide, body)
-        token = self.views.hold(self.cluster())
-        future = pool.submit(decide, body, token)
-        future.add_done_callback(lambda _: self.views.release(token) if self.views else None)
+        views = self.views
+        token = views.hold(self.cluster())
+        try:
+            future = pool.submit(decide, body, token)
+        except BaseException:  # a broken pool: the review is decided in-process, the snapshot let go
+            views.release(token)
+            raise
+        future.add_done_callback(lambda _: views.release(token))
         return future
 
     def _started(self) -> ProcessPoolExecutor:
