@@ -41,7 +41,7 @@ def test_a_container_asking_for_zero_gpus_is_left_alone_and_the_next_one_is_stil
         OPT_IN,
         container("a", limits={"nvidia.com/gpu": "0"}),
         container("b", limits={"nvidia.com/gpu": "1"}),
-        container("c", limits={"nvidia.com/gpu": "2"}, requests={"cpu": "1"}),
+        container("c", limits={"nvidia.com/gpu": "1"}, requests={"cpu": "1"}),
     )
     assert answer(slicing().mutate(subject, CTX)) == (
         Action.mutated,

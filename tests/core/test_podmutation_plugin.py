@@ -430,7 +430,7 @@ def test_mutate_with_a_mutations_directory_and_explain(
     code, out, _ = run_cli(["explain", "-f", str(manifest), "--mutations", str(mutations)], monkeypatch)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "deployment/web: workload Deployment/web in namespace default"
+    assert lines[0] == "deployment/web spec.template: workload Deployment/web in namespace default"
     assert lines[1].startswith("  1. name (generation 1): names exact") and lines[1].endswith("<- winner")
     assert lines[2].startswith("  2. ns (generation 1):")
     assert '"path": "/metadata/labels/by"' in out

@@ -530,7 +530,7 @@ def test_other_vendors_need_only_a_count() -> None:
 BOTH = {"vgpu": {"enabled": True}}
 
 
-def test_engine_order_is_slicing_then_vgpu_and_each_knows_the_other_only_when_both_are_on() -> None:
+def test_engine_order_is_slicing_then_vgpu_and_slicing_knows_hamis_resources_with_vgpu_off_too() -> None:
     mutators = build_mutators(parse_config(BOTH))
     assert [m.name for m in mutators] == ["gpu-slicing", "vgpu"]
     slicing = mutators[0]
@@ -542,8 +542,9 @@ def test_engine_order_is_slicing_then_vgpu_and_each_knows_the_other_only_when_bo
     }, "not the priority: it only becomes an env var, which a sliced Pod can carry"
     alone = build_mutators(parse_config({"gpuSlicing": {"enabled": False}, **BOTH}))
     assert [m.name for m in alone] == ["vgpu"]
+    # HAMi may run beside CastSlice without its vGPU mutator: slicing still knows HAMi's names.
     slicing_alone = build_mutators(Config())[0]
-    assert isinstance(slicing_alone, GpuSlicing) and not slicing_alone.vgpu_resources
+    assert isinstance(slicing_alone, GpuSlicing) and slicing_alone.vgpu_resources == slicing.vgpu_resources
 
 
 def opted_in(*containers: dict[str, Any]) -> dict[str, Any]:
@@ -586,9 +587,11 @@ def test_an_opted_in_pod_asking_for_hami_resources_is_bad_input(extra: dict[str,
     assert "nvidia.com/gpu" in decision.mutated_pod["spec"]["containers"][0]["resources"]["limits"]
 
 
-def test_without_vgpu_slicing_ignores_hami_resources_as_before() -> None:
+def test_without_vgpu_an_opted_in_pod_asking_for_hami_resources_is_still_bad_input() -> None:
+    """Sliced, it would keep asking for HAMi's memory with no GPU count and stay Pending."""
     decision = Engine(Config()).decide(opted_in(container(**GPU, **MEM)), REQUEST)
-    assert decision.outcome == "mutated" and decision.acting_mutators == ("gpu-slicing",)
+    assert decision.outcome == "denied" and decision.denial is not None
+    assert "nvidia.com/gpumem" in decision.denial and "nvidia.com/gpu=1" in decision.denial
 
 
 # -- denials and reasons, word for word ------------------------------------------------------------

@@ -13,9 +13,15 @@ Pod-level claim from the ResourceClaimTemplate of its slice count, which every c
 for a GPU references: its GPU containers share one device and the slices of it. The slice count is
 then at most what one device holds; a larger one is bad input.
 
-With the vGPU mutator on, an opted-in Pod that also asks for a HAMi resource of the device that
-owns the source (``nvidia.com/gpumem``, ``gpucores``, ...) is bad input: slicing would take away
-the count those resources qualify, and the vGPU mutator would add it back (see docs/vgpu.md).
+An opted-in Pod that also asks for a HAMi resource of the device that owns the source
+(``nvidia.com/gpumem``, ``gpucores``, ...) is bad input, vGPU mutator on or off: with it on, slicing
+would take away the count those resources qualify and the vGPU mutator would add it back (see
+docs/vgpu.md); with it off, the sliced Pod would keep asking for HAMi's resources and stay Pending.
+
+A slice count never silently changes what a Pod asked for: the reason names the original count,
+the Pod records it (``castops.io/original-gpu-request``), a container asking for more GPUs than a
+preset or the default gives is not sliced (a multi-GPU job, tensor parallel for one, needs its
+devices; ``slice-ratio`` says so explicitly), and an explicit ratio below the count is warned about.
 """
 
 from __future__ import annotations
@@ -57,6 +63,14 @@ OPTIMIZE = "castops.io/optimize"
 NOT_SLICED = "Pod not sliced"
 WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
+ORIGINAL_REQUEST = "castops.io/original-gpu-request"
+"""What a sliced Pod asked for, per container (``containers/vllm: nvidia.com/gpu=8``)."""
+
+HAMI_QUALIFIERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"nvidia.com/gpu": ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")}
+)
+"""HAMi's resources that qualify NVIDIA's GPU count (seed 003), for when the vGPU mutator is off
+and so declares none: a HAMi Pod opted into slicing must not lose its count either way."""
 
 
 DEFAULT_PRESETS: Mapping[str, int] = MappingProxyType({"training": 4, "inference": 2, "batch": 2, "dev": 1})
@@ -236,7 +250,7 @@ class GpuSlicing:
             if self.on_invalid is OnInvalidAnnotation.deny:
                 return MutatorResult.denied(
                     f"castslice: {where} asks for {resource}, a HAMi vGPU resource, and the Pod opts into "
-                    f"GPU slicing ({OPTIMIZE}=true); use one or the other"
+                    f"GPU slicing ({OPTIMIZE}=true); use one or the other ({self._asked_text(pod)})"
                 )
             return MutatorResult.unchanged(
                 f"opted in, but {where} asks for HAMi vGPU resource {resource}: not sliced",
@@ -246,9 +260,64 @@ class GpuSlicing:
                 ),
             )
 
+        refused = self._shrinks(pod, slices, origin, warnings)
+        if refused is not None:
+            return refused
         if self.dra is not None:
             return self._claim(pod, slices, origin, warnings, ctx)
         return self._extended(pod, slices, origin, warnings)
+
+    def _shrinks(self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...]) -> MutatorResult | None:
+        """Not sliced, when a preset (or the default) gives a container fewer slices than the GPUs
+        it asks for: a policy for the common case must not quietly turn a multi-GPU job (tensor
+        parallel, say) into fewer shares than the devices it needs. An explicit slice-ratio is the
+        user's own choice: sliced, with a warning (``_fewer``)."""
+        if origin.startswith(SLICE_RATIO):
+            return None
+        source = self.config.sourceResource
+        for label, container in self._asking(pod)[0]:
+            count = _count(container, source)
+            if count is not None and count > slices:
+                return MutatorResult.unchanged(
+                    f"opted in, but {label} asks for {source}: {count} and the {origin} gives {slices} "
+                    f"slice(s): not sliced, a multi-GPU job needs its devices ({self._asked_text(pod)})",
+                    *warnings,
+                    fit_warning(
+                        f"castslice: not sliced, {label}: {count} {source} > {slices} "
+                        f"({origin.removeprefix(WORKLOAD_TYPE + '=')})",
+                        f"; set {SLICE_RATIO}",
+                    ),
+                )
+        return None
+
+    def _asked(self, asking: list[tuple[str, dict[str, Any]]], slices: int) -> tuple[str, str, list[str]]:
+        """What the slicing containers asked for: the record (``ORIGINAL_REQUEST``), the words for
+        the reason (a count other than one is named) and the warnings for counts above ``slices``."""
+        source, target = self.config.sourceResource, self.config.targetResource
+        counts = [(label, _count(container, source)) for label, container in asking]
+        record = "; ".join(f"{label}: {source}={_text(count)}" for label, count in counts)
+        where = ", ".join(
+            label if count == 1 else f"{label} (asked {_text(count)} {source})" for label, count in counts
+        )
+        fewer = [
+            fit_warning(
+                f"castslice: {label} asked for {count} {source}, gets {slices} {target}",
+                "; a multi-GPU job may not run",
+            )
+            for label, count in counts
+            if count is not None and count > slices
+        ]
+        return record, where, fewer
+
+    def _asked_text(self, pod: Pod) -> str:
+        """Every container's request of the source resource, for messages: what the Pod asked."""
+        source = self.config.sourceResource
+        asked = [
+            f"{container_label(kind, index, container)}: {source}={_text(_count(container, source))}"
+            for kind, index, container in iter_containers(pod)
+            if any(source in section for _, section in resource_sections(container))
+        ]
+        return "asked: " + ("; ".join(asked) or f"no {source}")
 
     def _asking(
         self, pod: Pod, kinds: tuple[str, ...] = CONTAINER_LISTS
@@ -270,6 +339,7 @@ class GpuSlicing:
     def _extended(self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...]) -> MutatorResult:
         source, target = self.config.sourceResource, self.config.targetResource
         asking, zero = self._asking(pod)
+        record, sliced, fewer = self._asked(asking, slices)
         for _, container in asking:
             for _, section in resource_sections(container):
                 section.pop(source, None)
@@ -277,9 +347,9 @@ class GpuSlicing:
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not asking:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
-        sliced = ", ".join(label for label, _ in asking)
+        unrecorded = "" if _record(pod, record) else f"; {ORIGINAL_REQUEST} not recorded"
         return MutatorResult.mutated(
-            f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}", *warnings
+            f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}{unrecorded}", *warnings, *fewer
         )
 
     def _claim(
@@ -318,6 +388,7 @@ class GpuSlicing:
                     "; the Pod stays Pending until it exists",
                 ),
             )
+        record, sliced, fewer = self._asked(asking, slices)
         for _, container in asking:
             resources = ensure_map(container, "resources")
             for name, section in resource_sections(container):
@@ -334,11 +405,13 @@ class GpuSlicing:
             claims = spec["resourceClaims"] = []
         claims.append({"name": dra.claimName, "resourceClaimTemplateName": chosen.name})
         amounts = ", ".join(f"{name} {amount}" for name, amount in _requests(chosen).items())
-        sliced = ", ".join(label for label, _ in asking)
+        unrecorded = "" if _record(pod, record) else f"; {ORIGINAL_REQUEST} not recorded"
         return MutatorResult.mutated(
             f"{source} -> claim {dra.claimName} from ResourceClaimTemplate {chosen.name} "
-            f"({slices} slice{'' if slices == 1 else 's'}: {amounts}; {origin}) in {sliced}{left}{note}",
+            f"({slices} slice{'' if slices == 1 else 's'}: {amounts}; {origin}) in {sliced}{left}{note}"
+            f"{unrecorded}",
             *warnings,
+            *fewer,
         )
 
     def _template_state(self, chosen: Template, ctx: RequestContext) -> tuple[str, str]:
@@ -378,6 +451,42 @@ class GpuSlicing:
         return None
 
 
+def _count(container: dict[str, Any], source: str) -> int | None:
+    """The whole number of devices a container asks (the larger of limit and request), None if
+    unreadable (the apiserver judges a malformed quantity itself)."""
+    counts = []
+    for _, section in resource_sections(container):
+        if source in section:
+            try:
+                counts.append(parse_quantity(section[source]))
+            except QuantityError:
+                return None
+    if not counts:
+        return None
+    largest = max(counts)
+    return int(largest) if largest == int(largest) else None
+
+
+def _text(count: int | None) -> str:
+    return "?" if count is None else str(count)
+
+
+def _record(pod: Pod, original: str) -> bool:
+    """Write what the Pod asked for into ``ORIGINAL_REQUEST``; False when metadata.annotations
+    cannot hold it (not a map: the apiserver rejects that Pod anyway). The first record stays: a
+    reinvocation sees no source resource left and never gets here."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    annotations = metadata.setdefault("annotations", {})
+    if annotations is None:
+        annotations = metadata["annotations"] = {}
+    if not isinstance(annotations, dict):
+        return False
+    annotations.setdefault(ORIGINAL_REQUEST, original)
+    return True
+
+
 CLAIMING_LISTS = ("initContainers", "containers")
 """The containers that may reference a claim (the apiserver gives ephemeral ones no resources)."""
 
@@ -412,7 +521,10 @@ def _is_zero(quantity: object) -> bool:
 
 
 def _build(config: GpuSlicingConfig, settings: Settings, neighbours: Neighbours) -> GpuSlicing:
-    return GpuSlicing(config, settings.invalid_annotations, neighbours.qualifiers_of(config.sourceResource))
+    qualifiers = neighbours.qualifiers_of(config.sourceResource)
+    return GpuSlicing(
+        config, settings.invalid_annotations, qualifiers or HAMI_QUALIFIERS.get(config.sourceResource, ())
+    )
 
 
 def _claims(config: GpuSlicingConfig) -> Claims:

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from function.contract import FUNCTION_NAMESPACE
 from function.core.configtypes import MutatorConfig, OnInvalidAnnotation
+from function.core.json_patch import copy_json
 from function.core.mutators.base import InvalidAnnotation, MutatorResult, RequestContext
 from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.core.placement import (
@@ -303,6 +304,25 @@ class Choice:
     rule: str
 
 
+@dataclass(frozen=True)
+class Split:
+    """A percentage rule applies: each Pod's placement depends on its live siblings."""
+
+    percentage: int
+    source: str
+
+
+TEMPLATE_NOTE = "placed per Pod when each is created"
+
+
+def is_template(pod: Pod) -> bool:
+    """The apiserver creates no Pod without a name or generateName: this is a workload's Pod
+    template (``castslice mutate``)."""
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    return not metadata.get("name") and not metadata.get("generateName")
+
+
 class Spot:
     name = "spot"
 
@@ -326,6 +346,8 @@ class Spot:
         if skip:
             return MutatorResult.unchanged(skip)
         owner = controller_of(metadata_of(pod))
+        if is_template(pod):
+            return self._template(pod, ctx, str(namespace), owner)
         sticky = placement_of(pod)
         if sticky is not None:
             return self._place(pod, ctx, sticky, f"already placed ({PLACEMENT_LABEL}={sticky})")
@@ -342,7 +364,51 @@ class Spot:
             return MutatorResult.unchanged(f"{bad.message}; Pod not placed", bad.warning)
         if choice is None:
             return MutatorResult.unchanged("no rule matched and defaultToSpot is false: left alone")
+        assert isinstance(choice, Choice)  # a split is only described, for templates
         return self._place(pod, ctx, choice.placement, choice.rule)
+
+    def _template(self, pod: Pod, ctx: RequestContext, namespace: str, owner: Owner) -> MutatorResult:
+        """A workload's Pod template (``castslice mutate``): what each Pod made from it will get,
+        by the same rules, without writing anything into the template (a placement there would pin
+        every Pod to it). A bad scheduling.cast.ai annotation is judged as the webhook will judge
+        each Pod: denied, or warned about."""
+        head = f"a Pod template: {TEMPLATE_NOTE}"
+        sticky = placement_of(pod)
+        if sticky is not None:
+            return MutatorResult.unchanged(
+                f"{head}; every Pod carries {PLACEMENT_LABEL}={sticky} from the template and keeps it: "
+                f"{self._account(pod, sticky)}"
+            )
+        if owner.kind == "DaemonSet":
+            account = self._account(pod, "optional-spot")
+            return MutatorResult.unchanged(
+                f"{head}; each DaemonSet Pod gets the spot toleration only: {account}"
+            )
+        try:
+            choice = self._choose(pod, ctx, namespace, owner, template=True)
+        except InvalidAnnotation as bad:
+            if self.deny_invalid:
+                return MutatorResult.denied(f"castslice: {bad.message}")
+            return MutatorResult.unchanged(f"{bad.message}; its Pods are not placed", bad.warning)
+        if choice is None:
+            return MutatorResult.unchanged(f"{head}; no rule matches and defaultToSpot is false: left alone")
+        if isinstance(choice, Split):
+            where = f"{owner.kind} {owner.name}" if owner is not NO_OWNER else "its controller"
+            share = choice.percentage
+            return MutatorResult.unchanged(
+                f"{head}; rule {choice.source}: of the n live Pods of {where}, floor(n x {share}/100) "
+                f"on spot ({share * 10 // 100} of 10), the others on-demand; spot: "
+                f"{self._account(pod, SPOT)}; on-demand: {self._account(pod, ON_DEMAND)}"
+            )
+        return MutatorResult.unchanged(
+            f"{head}; each Pod: {choice.placement} by {choice.rule}: {self._account(pod, choice.placement)}"
+        )
+
+    def _account(self, pod: Pod, placement: Placement | Literal["optional-spot"]) -> str:
+        """What placing a copy of ``pod`` would change, in words (the Pod itself is left as is)."""
+        scratch = copy_json(pod)
+        mode = placement if placement == "optional-spot" else placement_mode(placement)
+        return apply_spot_mode(scratch, mode, self.scheme) or "nothing to change"
 
     def _left_alone(self, pod: Pod, ctx: RequestContext, namespace: str) -> str | None:
         """Why the Pod is not placed at all, or None."""
@@ -363,10 +429,9 @@ class Spot:
                 # No placement label could be written, so a reinvocation would decide again:
                 # the apiserver rejects such a Pod anyway.
                 return f"metadata.{key} is not a map: left for the apiserver to reject"
-        if not metadata.get("name") and not metadata.get("generateName"):
-            # The apiserver creates no Pod without one of them: this is a workload's Pod template
-            # (castslice mutate), and a placement label there would pin every Pod to one placement.
-            return "a Pod template (no name or generateName): placed per Pod when each is created"
+        if controller_of(metadata_of(pod)) is NO_OWNER and is_template(pod):
+            # A template with no workload named (the engine used directly): nothing to describe.
+            return f"a Pod template (no name or generateName): {TEMPLATE_NOTE}"
         if controller_of(metadata_of(pod)) is NO_OWNER and not self.config.placeBarePods:
             return "bare Pod (no controller): left alone (placeBarePods: false)"
         for index, term in enumerate(self.config.ignorePods):
@@ -384,7 +449,9 @@ class Spot:
                 return f"spreads itself over {self.scheme.key} (topologySpreadConstraints)"
         return None
 
-    def _choose(self, pod: Pod, ctx: RequestContext, namespace: str, owner: Owner) -> Choice | None:
+    def _choose(
+        self, pod: Pod, ctx: RequestContext, namespace: str, owner: Owner, template: bool = False
+    ) -> Choice | Split | None:
         annotations = annotations_of(pod)
         lifecycle = annotations.get(LIFECYCLE)
         if lifecycle is not None and lifecycle not in (SPOT, ON_DEMAND):
@@ -412,11 +479,13 @@ class Spot:
             placement: Placement = SPOT if lifecycle == SPOT else ON_DEMAND  # validated above
             return Choice(placement, f"rule workload annotation {LIFECYCLE}={lifecycle}")
         if owner.kind in PARTIAL_KINDS:
+            split = None
             if raw_percentage is not None:
-                return self._partial(ctx, owner, int(raw_percentage), f"{SPOT_PERCENTAGE}={raw_percentage}")
-            if self.config.percentage > 0:
-                rule = f"spotPercentageOfReplicaSet={self.config.percentage}"
-                return self._partial(ctx, owner, self.config.percentage, rule)
+                split = Split(int(raw_percentage), f"{SPOT_PERCENTAGE}={raw_percentage}")
+            elif self.config.percentage > 0:
+                split = Split(self.config.percentage, f"spotPercentageOfReplicaSet={self.config.percentage}")
+            if split is not None:
+                return split if template else self._partial(ctx, owner, split.percentage, split.source)
         if self.config.default_to_spot:
             return Choice(SPOT, "rule defaultToSpot")
         return None
