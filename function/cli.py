@@ -78,8 +78,9 @@ def _mutate(sub: Programs) -> None:
         "-f",
         "--filename",
         required=True,
+        action="append",
         help="a YAML or JSON file (several documents allowed), a directory of them, "
-        "or - for stdin (required, no default)",
+        "or - for stdin; repeat it for more (required, no default)",
     )
     program.add_argument(
         "-R",
@@ -130,7 +131,18 @@ def _explain(sub: Programs) -> None:
         "the claim and template it gets",
     )
     program.add_argument(
-        "-f", "--filename", required=True, help="YAML with Pods/workloads (and PodMutations), or - (required)"
+        "-f",
+        "--filename",
+        required=True,
+        action="append",
+        help="YAML with Pods/workloads (and PodMutations): a file, a directory of them, or -; "
+        "repeat it for more (required)",
+    )
+    program.add_argument(
+        "-R",
+        "--recursive",
+        action="store_true",
+        help="with a directory, read its subdirectories too (default: off)",
     )
     program.add_argument(
         "--mutations",

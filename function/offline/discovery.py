@@ -16,11 +16,23 @@ Two ways to find them, on purpose:
   ``spec`` keys, and a ``spec.containers`` list). Its finds are reported as such, so a user sees
   that the preview guessed. Only the table is trusted for known kinds; a test checks that the walk
   finds the same templates there (KServe aside), so the table cannot silently miss one.
+
+A document may hold a GPU request where neither finds a Pod (Kubeflow Trainer's
+``spec.trainer.resourcesPerNode``, KServe's older ``serving.kubeflow.org/v1alpha2`` framework
+specs): ``resources_outside`` names those places, so the preview warns instead of claiming the
+document makes no Pods.
+
+Each Pod is judged as the webhook will see it: with the controller the webhook's owner walk ends
+at (``seen_owner``: a LeaderWorkerSet's Pods belong to StatefulSets, a RayService's to a
+RayCluster, a Deployment's to its ReplicaSet) and with the fields the controller fills in
+(``PodSite.inherited``: a Volcano Job's ``schedulerName``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import hashlib
+import json
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,7 +44,9 @@ Path = tuple[Segment, ...]
 WILDCARD = "*"
 """In a table path: every key of a map, or every item of a list, at that place."""
 
-Shape = Literal["pod", "template", "kserve-component"]
+Shape = Literal["pod", "template", "podspec", "kserve-component"]
+"""``podspec``: a bare PodSpec whose Pod metadata (``labels``, ``annotations``) sits beside it
+(KServe's LLMInferenceService ``spec.template``, with ``spec.annotations``)."""
 
 # The built-in kinds whose controllers turn a template into Pods.
 _BUILT_IN: dict[tuple[str, str], tuple[Path, ...]] = {
@@ -80,9 +94,22 @@ KNOWN_KINDS: dict[tuple[str, str], tuple[Path, ...]] = {
     # A Knative revision template: metadata plus a RevisionSpec (a PodSpec subset).
     ("serving.knative.dev", "Service"): (("spec", "template"),),
     ("serving.knative.dev", "Configuration"): (("spec", "template"),),
+    # Volcano's batch Job: one template per task; its Pods take the Job's schedulerName.
+    ("batch.volcano.sh", "Job"): (("spec", "tasks", WILDCARD, "template"),),
 }
 
+VOLCANO_JOB = ("batch.volcano.sh", "Job")
+VOLCANO_SCHEDULER = "volcano"
+"""What Volcano's admission defaults a Job's ``spec.schedulerName`` to."""
+
 KSERVE = ("serving.kserve.io", "InferenceService")
+KSERVE_GROUPS = ("serving.kserve.io", "serving.kubeflow.org")
+"""KServe, and KFServing before its rename: ``serving.kubeflow.org/v1beta1`` has KServe's shape."""
+LLM_INFERENCE_SERVICE = ("serving.kserve.io", "LLMInferenceService")
+LLMISVC_WORKLOADS: tuple[Path, ...] = (("spec",), ("spec", "prefill"))
+"""Where an LLMInferenceService's WorkloadSpecs sit: the main (decode) one, inline, and prefill.
+Each has a ``template`` PodSpec (the head Pod when multi-node), an optional ``worker`` PodSpec, and
+the ``labels`` and ``annotations`` KServe adds to their Pods."""
 KSERVE_COMPONENTS = ("predictor", "transformer", "explainer")
 KSERVE_MODEL_KEYS = (
     "model",
@@ -128,6 +155,10 @@ class PodSite:
     """KServe: the model spec judged as the component's last container."""
     model_index: int = 0
     """KServe: that container's index in the judged Pod (after the component's own containers)."""
+    meta_path: Path = ()
+    """``podspec``: the object whose ``labels`` and ``annotations`` the controller puts on the Pod."""
+    inherited: tuple[tuple[str, Any], ...] = ()
+    """Pod spec fields the controller fills in when the template leaves them out."""
 
     @property
     def label(self) -> str:
@@ -144,10 +175,34 @@ class PodSite:
             pod: dict[str, Any] = copy_json(node)
             return pod
         if self.shape == "template":
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy_json(node.get("metadata") or {})}
-            pod["spec"] = copy_json(node.get("spec"))
-            return pod
+            metadata = copy_json(node.get("metadata") or {})
+            if isinstance(metadata, dict):
+                # A controller names its Pods itself: a name in the template never reaches them.
+                metadata.pop("name", None)
+                metadata.pop("generateName", None)
+            spec = copy_json(node.get("spec"))
+            return self._inherit({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+        if self.shape == "podspec":
+            holder = get_path(document, self.meta_path)
+            holder = holder if isinstance(holder, dict) else {}
+            metadata = {key: copy_json(holder[key]) for key in ("labels", "annotations") if key in holder}
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": copy_json(node)}
         return self._kserve_pod(document, node)
+
+    def _inherit(self, pod: dict[str, Any]) -> dict[str, Any]:
+        spec = pod.get("spec")
+        if isinstance(spec, dict):
+            for key, value in self.inherited:
+                spec.setdefault(key, value)
+        return pod
+
+    def inherits(self, document: Any, pod_path: Path) -> bool:
+        """True when ``pod_path`` is a spec field the judged Pod got from the controller, not the
+        template (a patch may then add it to the template, never replace or remove it there)."""
+        if len(pod_path) != 2 or pod_path[0] != "spec" or pod_path[1] not in dict(self.inherited):
+            return False
+        spec = get_path(document, (*self.path, "spec"))
+        return not (isinstance(spec, dict) and pod_path[1] in spec)
 
     def _kserve_pod(self, document: Any, component: dict[str, Any]) -> dict[str, Any]:
         # KServe copies the InferenceService's own annotations and labels onto the component's
@@ -177,7 +232,24 @@ class PodSite:
             if pod_path[:1] in (("metadata",), ("spec",)):
                 return (*self.path, *pod_path)
             raise Unmappable(f"/{'/'.join(map(str, pod_path))} is not part of a Pod template")
+        if self.shape == "podspec":
+            if pod_path[:2] in (("metadata", "annotations"), ("metadata", "labels")):
+                return (*self.meta_path, *pod_path[1:])
+            if pod_path[:1] == ("spec",) and len(pod_path) > 1:
+                return (*self.path, *pod_path[1:])
+            raise Unmappable(f"/{'/'.join(map(str, pod_path))} has no place in {self.label}")
         return self._kserve_path(pod_path)
+
+    @property
+    def annotations_path(self) -> Path:
+        """Where the Pod's annotations are written in the document."""
+        if self.shape == "pod":
+            return ("metadata", "annotations")
+        if self.shape == "template":
+            return (*self.path, "metadata", "annotations")
+        if self.shape == "podspec":
+            return (*self.meta_path, "annotations")
+        return (*self.path, "annotations")
 
     def _kserve_path(self, pod_path: Path) -> Path:
         head = pod_path[:2]
@@ -320,6 +392,27 @@ def _kserve_sites(document: Mapping[str, Any]) -> list[PodSite]:
     return sites
 
 
+def _llmisvc_sites(document: Mapping[str, Any]) -> list[PodSite]:
+    sites = []
+    for workload in LLMISVC_WORKLOADS:
+        for field_name in ("template", "worker"):
+            path = (*workload, field_name)
+            if isinstance(get_path(document, path), dict):
+                sites.append(PodSite(path, "podspec", meta_path=workload))
+    scheduler = ("spec", "router", "scheduler")
+    if isinstance(get_path(document, (*scheduler, "template")), dict):
+        sites.append(PodSite((*scheduler, "template"), "podspec", meta_path=scheduler))
+    return sites
+
+
+def _inherited(document: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    if (api_group(document), document.get("kind")) == VOLCANO_JOB:
+        scheduler = get_path(document, ("spec", "schedulerName"))
+        named = scheduler if isinstance(scheduler, str) and scheduler else VOLCANO_SCHEDULER
+        return (("schedulerName", named),)
+    return ()
+
+
 def find_pods(document: Any) -> list[PodSite]:
     """Every Pod or Pod template of a document, in document order ([] when it makes no Pods)."""
     if not isinstance(document, dict):
@@ -327,15 +420,124 @@ def find_pods(document: Any) -> list[PodSite]:
     kind = document.get("kind")
     if kind == "Pod" and api_group(document) == "":
         return [PodSite((), "pod")]
-    if (api_group(document), kind) == KSERVE:
+    group = api_group(document)
+    if kind == KSERVE[1] and group in KSERVE_GROUPS:
         return _kserve_sites(document)
+    if (group, kind) == LLM_INFERENCE_SERVICE:
+        return _llmisvc_sites(document)
     paths = known_paths(document)
     if paths is not None:
+        inherited = _inherited(document)
         return [
-            PodSite(concrete, "template")
+            PodSite(concrete, "template", inherited=inherited)
             for pattern in paths
             for concrete in expand(document, pattern)
             if isinstance(get_path(document, concrete), dict)
             and isinstance(get_path(document, (*concrete, "spec")), dict)
         ]
     return [PodSite(path, "template", "walk") for path in walk_templates(document)]
+
+
+# --- what the webhook will see --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeenOwner:
+    """The controller of a workload's Pods as the webhook's owner walk ends at it.
+
+    The webhook walks a Pod's controller through the ReplicaSets and Jobs it watches (a
+    Deployment's Pod reaches the Deployment, a JobSet's Pod the JobSet through its Job) and stops
+    at anything else: a LeaderWorkerSet's Pods belong to StatefulSets, a RayService's and a
+    RayJob's to the RayCluster it creates, KServe's to the Deployment it creates. Names with a
+    random part show it as ``xxxxx``."""
+
+    api_version: str
+    kind: str
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+    """Labels the controller puts on its Pods that the owner walk reads (``pod-template-hash``)."""
+
+    def reference(self, uid: str) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": uid,
+            "controller": True,
+        }
+
+
+_TEMPLATE_HASH_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""The alphabet Kubernetes writes pod-template-hash in (``rand.SafeEncodeString``)."""
+
+
+def _template_hash(node: Any) -> str:
+    digest = hashlib.sha256(json.dumps(node, sort_keys=True, default=str).encode()).digest()
+    return "".join(_TEMPLATE_HASH_ALPHABET[byte % len(_TEMPLATE_HASH_ALPHABET)] for byte in digest[:10])
+
+
+def _kserve_deployment(document: Mapping[str, Any], name: str, component: str) -> str:
+    metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
+    annotations = (metadata or {}).get("annotations")
+    mode = annotations.get("serving.kserve.io/deploymentMode") if isinstance(annotations, dict) else None
+    if mode in ("Serverless", "Knative"):
+        return f"{name}-{component}-00001-deployment"  # the first Knative revision's Deployment
+    return f"{name}-{component}"
+
+
+def seen_owner(document: Mapping[str, Any], site: PodSite, name: str) -> SeenOwner | None:
+    """The owner the webhook will see for the Pods of ``site`` (None for a Pod document)."""
+    if site.shape == "pod":
+        return None
+    group, kind = api_group(document), str(document.get("kind", ""))
+    api_version = str(document.get("apiVersion", ""))
+    path = site.path
+    if (group, kind) == ("apps", "Deployment") or (group, kind) == ("argoproj.io", "Rollout"):
+        template_hash = _template_hash(site.node(document))
+        return SeenOwner(
+            "apps/v1", "ReplicaSet", f"{name}-{template_hash}", (("pod-template-hash", template_hash),)
+        )
+    if (group, kind) == ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"):
+        # The leader StatefulSet is named after the set; group i's workers form StatefulSet <name>-<i>.
+        return SeenOwner("apps/v1", "StatefulSet", name if path[-1] == "leaderTemplate" else f"{name}-0")
+    if group == "ray.io" and kind in ("RayService", "RayJob") and path[-1] != "submitterPodTemplate":
+        return SeenOwner("ray.io/v1", "RayCluster", f"{name}-raycluster-xxxxx")
+    if kind == KSERVE[1] and group in KSERVE_GROUPS:
+        return SeenOwner("apps/v1", "Deployment", _kserve_deployment(document, name, str(path[-1])))
+    if (group, kind) == LLM_INFERENCE_SERVICE:
+        base = f"{name}-kserve" + ("-prefill" if "prefill" in path else "")
+        if "router" in path:
+            return SeenOwner("apps/v1", "Deployment", f"{name}-kserve-router-scheduler")
+        multi_node = isinstance(get_path(document, (*site.meta_path, "worker")), dict)
+        if not multi_node:
+            return SeenOwner("apps/v1", "Deployment", base)
+        # Multi-node: a LeaderWorkerSet, whose Pods belong to its StatefulSets.
+        return SeenOwner("apps/v1", "StatefulSet", base if path[-1] == "template" else f"{base}-0")
+    if (group, kind) in (("serving.knative.dev", "Service"), ("serving.knative.dev", "Configuration")):
+        return SeenOwner("apps/v1", "Deployment", f"{name}-00001-deployment")
+    return SeenOwner(api_version, kind, name)
+
+
+def resources_outside(
+    document: Any, sites: list[PodSite], resources: Collection[str]
+) -> list[tuple[Path, str]]:
+    """(path of the map, resource) for every request of ``resources`` that no site covers."""
+    covered = [site.path for site in sites]
+    found: list[tuple[Path, str]] = []
+
+    def visit(node: Any, path: Path) -> None:
+        if len(path) > WALK_DEPTH + 8 or any(path[: len(c)] == c for c in covered if c):
+            return
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in resources and not isinstance(value, dict | list):
+                    found.append((path, str(key)))
+                elif isinstance(key, str):
+                    visit(value, (*path, key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                visit(value, (*path, index))
+
+    if isinstance(document, dict) and not any(site.shape == "pod" for site in sites):
+        visit(document, ())
+    return found

@@ -1,37 +1,70 @@
 """``castslice explain``: which PodMutations match each Pod of a manifest, their rank, the winner,
 and what the winner would change; with ``gpuSlicing.backend: dra``, also the claim and the
-ResourceClaimTemplate GPU slicing gives the Pod; with ``--cluster``, the GPU lease arithmetic."""
+ResourceClaimTemplate GPU slicing gives the Pod; with ``--cluster``, the GPU lease arithmetic.
+
+Every Pod the preview finds is explained (a PyTorchJob's roles, a LeaderWorkerSet's leader and
+workers, a KServe component, ...), each as the webhook will see it: owned by the controller its
+owner walk ends at (``discovery.seen_owner``). Every other document gets a line too, so a kind
+the preview does not know is never passed over in silence."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from function.contract import EXIT_BAD_INPUT
 from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
 from function.core.view import PODS, REPLICASETS
 from function.offline.config import config_from
+from function.offline.discovery import dotted, find_pods, resources_outside
 from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
 from function.offline.leases import lease_lines
+from function.offline.manifests import describe_name, gpu_resources, owned_pod
 from function.offline.mutations import documents_from
-from function.offline.podmutations import explain, load, pod_of
+from function.offline.podmutations import Explanation, explain, is_mutation_document, load
+from function.offline.sources import manifest_sources
 from function.offline.state_file import StateFileError, load_state
+from function.offline.yamldoc import DocumentError
 
 
-def _read_documents(path: str) -> list[Any]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+def _documents(filenames: list[str], recursive: bool) -> list[Any]:
+    found: list[Any] = []
+    for _, text in manifest_sources(filenames, recursive):
+        for doc in yaml.safe_load_all(text):
+            if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+                found.extend(doc["items"])
+            elif doc is not None:
+                found.append(doc)
+    return found
+
+
+def _print_explanation(result: Explanation) -> None:
+    if not result.selection.candidates:
+        print("  no PodMutation matches")
+        return
+    for place, candidate in enumerate(result.selection.candidates, start=1):
+        tied = candidate in result.selection.tied
+        mark = "winner" if place == 1 else "tied, lost by name" if tied else ""
+        print(
+            f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
+            f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else "")
+        )
+    print(f"  changes: {'; '.join(result.changes) or 'none'}")
+    for op in result.patch:
+        print(f"    {json.dumps(op, sort_keys=True)}")
+    for warning in result.warnings:
+        print(f"  warning: {warning}")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        documents = _read_documents(args.filename)
+        documents = _documents(args.filename, args.recursive)
         extra = documents_from(args.mutations)
         config = config_from(args.config)
         cluster = (
@@ -39,52 +72,49 @@ def run(args: argparse.Namespace) -> int:
             if args.cluster
             else None
         )
-    except (OSError, yaml.YAMLError) as error:
-        print(f"castslice explain: cannot read {args.filename}: {error}", file=sys.stderr)
-        return 2
+    except OSError as error:
+        print(f"castslice explain: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (yaml.YAMLError, DocumentError) as error:
+        print(f"castslice explain: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except StateFileError as error:
         print(f"castslice explain: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     claims = _claim_teller(config)
     loaded = load([*documents, *extra])
     for bad in loaded.invalid:
         print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
+    resources = gpu_resources(config)
     for index, doc in enumerate(documents):
-        found = pod_of(doc, index) if isinstance(doc, dict) else None
-        if found is None:
+        if not isinstance(doc, dict) or is_mutation_document(doc):
             continue
+        head = f"{str(doc.get('kind', '?')).lower()}/{describe_name(doc)}"
         metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
         namespace = str((metadata or {}).get("namespace") or args.namespace)
-        if cluster is not None:
-            print(f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}:")
-            for line in lease_lines(config, found[0], namespace, cluster):
-                print(line)
-        result = explain(found[0], namespace, loaded.valid)
-        w = result.workload
-        print(
-            f"{str(doc.get('kind', '?')).lower()}/{(metadata or {}).get('name', '?')}: "
-            f"workload {w.kind}/{w.name} in namespace {w.namespace}"
-        )
-        if claims is not None:
-            print(f"  {claims(found[0], namespace)}")
-        if not result.selection.candidates:
-            print("  no PodMutation matches")
+        sites = find_pods(doc)
+        for path, resource in resources_outside(doc, sites, resources):
+            where = dotted(path)
+            print(f"{head}: warning: {resource} requested at {where} is in no Pod template castslice knows")
+        if not sites:
+            print(f"{head}: creates no Pod castslice can find: nothing to explain")
             continue
-        for place, candidate in enumerate(result.selection.candidates, start=1):
-            tied = candidate in result.selection.tied
-            mark = "winner" if place == 1 else "tied, lost by name" if tied else ""
-            print(
-                f"  {place}. {candidate.mutation.name} (generation {candidate.mutation.generation}): "
-                f"{candidate.rank.describe()}" + (f"  <- {mark}" if mark else "")
-            )
-        print(f"  changes: {'; '.join(result.changes) or 'none'}")
-        for op in result.patch:
-            print(f"    {json.dumps(op, sort_keys=True)}")
-        for warning in result.warnings:
-            print(f"  warning: {warning}")
+        for site in sites:
+            pod = owned_pod(doc, site, index)
+            where = f" {site.label}" if site.label else ""
+            if cluster is not None:
+                print(f"{head}{where}:")
+                for line in lease_lines(config, pod, namespace, cluster):
+                    print(line)
+            result = explain(pod, namespace, loaded.valid)
+            w = result.workload
+            print(f"{head}{where}: workload {w.kind}/{w.name} in namespace {w.namespace}")
+            if claims is not None:
+                print(f"  {claims(pod, namespace)}")
+            _print_explanation(result)
     return 0
 
 

@@ -133,6 +133,11 @@ def site_problems(tree: Any, site: PodSite) -> Iterator[Problem]:
         if site.model_key is not None:
             yield from container_problems(tree, (*base, site.model_key))
         return
+    if site.shape == "podspec":
+        for name in _STRING_MAPS_OF_META:
+            yield from _string_map(tree, (*site.meta_path, name))
+        yield from pod_spec_problems(tree, base)
+        return
     if site.shape == "template":
         yield from metadata_problems(tree, (*base, "metadata"))
     yield from pod_spec_problems(tree, (*base, "spec"))
@@ -154,7 +159,7 @@ def misplaced_opt_in(document: Mapping[str, Any], sites: list[PodSite]) -> list[
 
     Not for a Pod (its metadata is the Pod's) nor a KServe InferenceService (KServe copies its
     annotations onto the component Pods)."""
-    if not sites or any(site.shape != "template" for site in sites):
+    if not sites or any(site.shape not in ("template", "podspec") for site in sites):
         return []
     metadata = document.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
@@ -165,12 +170,10 @@ def misplaced_opt_in(document: Mapping[str, Any], sites: list[PodSite]) -> list[
     for key in annotations:
         if not str(key).startswith(CASTSLICE_PREFIX):
             continue
-        missing = [
-            s for s in sites if key not in (get_path(document, (*s.path, "metadata", "annotations")) or {})
-        ]
+        missing = [s for s in sites if key not in (get_path(document, s.annotations_path) or {})]
         if not missing:
             continue
-        where = f"{missing[0].label}.metadata.annotations"
+        where = dotted(missing[0].annotations_path)
         if len(missing) > 1:
             where += f" (and the {len(missing) - 1} other Pod template(s))"
         what = "the opt-in " if key == OPT_IN_ANNOTATION else ""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from function.core.config import Config
 from function.core.engine import Decision, Engine
 from function.core.json_patch import Operation
 from function.core.mutators.base import RequestContext
@@ -25,6 +26,8 @@ from function.offline.discovery import (
     find_pods,
     parse_pointer,
     pointer,
+    resources_outside,
+    seen_owner,
 )
 from function.offline.manifest_checks import Problem, misplaced_opt_in, object_problems
 from function.offline.yamldoc import Chunk, apply_operations, to_plain
@@ -38,6 +41,15 @@ KNATIVE_SCHEDULER_HINT = (
 
 def site_kind(document: dict[str, Any]) -> tuple[str, str]:
     return api_group(document), str(document.get("kind"))
+
+
+def gpu_resources(config: Config) -> frozenset[str]:
+    """Every resource a GPU mutator reads, enabled or not: a request for one where no Pod template
+    was found is worth a warning whatever the configuration."""
+    names = {config.section("gpuSlicing").sourceResource}
+    for device in config.section("vgpu").devices:
+        names.update(device.resources)
+    return frozenset(name for name in names if name)
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class ObjectResult:
     """Unquoted dates: judged anyway (kubectl keeps them as text)."""
     hints: tuple[str, ...] = ()
     """Where users go wrong: an opt-in on the workload's own metadata."""
+    unjudged: tuple[str, ...] = ()
+    """GPU requests in places no Pod was found for: warned by name and path, never skipped silently."""
     note: str = ""
     """Why nothing was judged: not an object, no Pods."""
     plain: Any = field(default=None, repr=False)
@@ -99,24 +113,35 @@ def describe_name(document: dict[str, Any]) -> str:
     return name or "(unnamed)"
 
 
-def _owned(pod: dict[str, Any], document: Any, shape: str, index: int) -> dict[str, Any]:
-    """A workload's Pod as the apiserver would see it: with a controller ownerReference naming the
-    workload (offline uid). PodMutation filters match a Deployment's Pods by kind Deployment and
-    its name; the reference is in the judged Pod only, so no patch operation ever writes it."""
+def owned_pod(document: Any, site: PodSite, index: int) -> dict[str, Any]:
+    """A workload's Pod as the webhook will see it: with a controller ownerReference naming the
+    controller its owner walk ends at (``discovery.seen_owner``; offline uid), and the labels that
+    walk reads. PodMutation filters match a Deployment's Pods by kind Deployment and its name, a
+    LeaderWorkerSet's by kind StatefulSet. The reference and those labels are in the judged Pod
+    only: no patch operation writes them."""
+    pod = site.pod(document)
     metadata = pod.get("metadata")
-    if shape != "template" or not isinstance(metadata, dict) or metadata.get("ownerReferences"):
+    if not isinstance(document, dict) or not isinstance(metadata, dict) or metadata.get("ownerReferences"):
         return pod
-    if not isinstance(document, dict):
+    owner = seen_owner(document, site, describe_name(document))
+    if owner is None:
         return pod
-    owner = {
-        "apiVersion": str(document.get("apiVersion", "")),
-        "kind": str(document.get("kind", "")),
-        "name": describe_name(document),
-        "uid": f"offline-{index}",
-        "controller": True,
-    }
-    metadata["ownerReferences"] = [owner]
+    metadata["ownerReferences"] = [owner.reference(f"offline-{index}")]
+    if owner.labels and isinstance(metadata.get("labels", {}), dict):
+        metadata["labels"] = {**(metadata.get("labels") or {}), **dict(owner.labels)}
     return pod
+
+
+def _document_operation(site: PodSite, document: Any, prefix: Path, op: Operation) -> tuple[str, Path, Any]:
+    pod_path = parse_pointer(op["path"])
+    kind = op["op"]
+    if site.inherits(document, pod_path):
+        # The Pod gets this field from its controller (a Volcano Job's schedulerName): the
+        # template may set its own, which wins, but cannot take the controller's away.
+        if kind == "remove":
+            raise Unmappable(f"{op['path']} comes from the workload, not the template: it cannot be removed")
+        kind = "add"
+    return kind, (*prefix, *site.document_path(pod_path)), op.get("value")
 
 
 def _judge(
@@ -133,9 +158,18 @@ def _judge(
     result.errors = tuple(p for p in problems if p.severity == "error")
     result.warnings = tuple(p for p in problems if p.severity == "warning")
     result.hints = tuple(misplaced_opt_in(plain, sites))
+    outside = resources_outside(plain, sites, gpu_resources(engine.config))
+    result.unjudged = tuple(
+        f"{resource} requested at {dotted((*prefix, *path)) or '(top level)'} is in no Pod template "
+        "castslice knows: not previewed (the webhook judges the Pods when they are created)"
+        for path, resource in outside
+    )
     if not sites:
         kind = result.kind
-        result.note = f"{kind} creates no Pods: left as is" if kind != "?" else "not a Kubernetes object"
+        if result.unjudged:
+            result.note = f"{kind} is not a kind castslice can preview, and it asks for GPUs"
+        else:
+            result.note = f"{kind} creates no Pods: left as is" if kind != "?" else "not a Kubernetes object"
         return
     if result.errors:
         result.note = "not judged: fix the values above"
@@ -149,13 +183,10 @@ def _judge(
             dry_run=True,
             cluster=cluster,
         )
-        decision = engine.decide(_owned(site.pod(plain), plain, site.shape, result.index), request)
+        decision = engine.decide(owned_pod(plain, site, result.index), request)
         label = dotted((*prefix, *site.path))
         try:
-            mapped = [
-                (op["op"], (*prefix, *site.document_path(parse_pointer(op["path"]))), op.get("value"))
-                for op in decision.patch
-            ]
+            mapped = [_document_operation(site, plain, prefix, op) for op in decision.patch]
         except Unmappable as error:
             judged.append(SiteResult(site, label, decision, (), f"cannot write the change back: {error}"))
             continue

@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, TextIO
 
 from function.contract import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_INTERNAL
@@ -26,33 +25,9 @@ from function.offline.leases import with_gpu_leases
 from function.offline.manifests import ObjectResult, mutate_chunk
 from function.offline.mutations import documents_from
 from function.offline.podmutations import WithMutations, is_mutation_document, load
+from function.offline.sources import manifest_sources, several
 from function.offline.state_file import StateFileError, load_state
 from function.offline.yamldoc import DocumentError, load_documents
-
-MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
-"""What ``-f DIR`` reads, as kubectl does."""
-
-
-def _manifest_sources(filename: str, recursive: bool) -> list[tuple[str, str]]:
-    """(label, text) of every input: stdin, one file, or the manifests of a directory."""
-    # Bytes decoded as they are: text mode would turn CRLF into LF, and an untouched document
-    # must come out byte for byte.
-    if filename == "-":
-        stdin = getattr(sys.stdin, "buffer", None)
-        return [("-", _text("-", stdin.read()) if stdin is not None else sys.stdin.read())]
-    path = Path(filename)
-    if not path.is_dir():
-        return [(filename, _text(filename, path.read_bytes()))]
-    found = path.rglob("*") if recursive else path.iterdir()
-    files = sorted(p for p in found if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
-    return [(str(p.relative_to(path)), _text(str(p), p.read_bytes())) for p in files]
-
-
-def _text(label: str, data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DocumentError(f"{label}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:
@@ -79,6 +54,8 @@ def _report(result: ObjectResult, out: TextIO, prefix: str) -> None:
             print(f"  error: {site.problem}", file=out)
     for problem in result.warnings:
         print(f"  warning: {problem}", file=out)
+    for unjudged in result.unjudged:
+        print(f"  warning: {unjudged}", file=out)
     for hint in result.hints:
         print(f"  hint: {hint}", file=out)
 
@@ -166,7 +143,7 @@ def _write_list(results: list[ObjectResult]) -> bool:
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from(args.config)
-        sources = _manifest_sources(args.filename, args.recursive)
+        sources = manifest_sources(args.filename, args.recursive)
         loaded = [(label, load_documents(text, label)) for label, text in sources]
         cluster = _cluster_from(args.cluster, config)
         extra = documents_from(args.mutations)
@@ -177,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"castslice mutate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as error:
-        print(f"castslice mutate: cannot read {args.filename}: {error.strerror}", file=sys.stderr)
+        print(f"castslice mutate: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except DocumentError as error:
         print(f"castslice mutate: {error}", file=sys.stderr)
@@ -188,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     config, cluster = _with_podmutations(config, [*documents, *extra], sys.stderr, cluster)
     config, cluster = with_gpu_leases(config, cluster)
     engine = Engine(config)
-    several = Path(args.filename).is_dir() if args.filename != "-" else False
+    named = several(args.filename)
     results: list[ObjectResult] = []
     texts: list[list[str]] = []
     for label, chunks in loaded:
@@ -202,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         if is_mutation_document(result.plain):
             continue  # reported when loaded
-        _report(result, sys.stderr, f"{result.source}: " if several else "")
+        _report(result, sys.stderr, f"{result.source}: " if named else "")
 
     if args.output == "patch":
         _write_patches(results)

@@ -11,6 +11,7 @@ indentation guessed from the document itself.
 from __future__ import annotations
 
 import datetime
+import difflib
 import io
 import json
 import re
@@ -69,7 +70,52 @@ class Chunk:
         # ruamel drops the blank lines around a document: put the original ones back.
         leading = self.body[: len(self.body) - len(self.body.lstrip("\n"))]
         trailing = self.body[len(self.body.rstrip("\n")) :]
-        return self.prefix + leading + text.strip("\n") + (trailing or "\n")
+        dumped = leading + text.strip("\n") + (trailing or "\n")
+        return self.prefix + keep_untouched_lines(self.body, dumped)
+
+
+def keep_untouched_lines(original: str, dumped: str) -> str:
+    """``dumped`` with the lines the change did not touch as they were written in ``original``.
+
+    ruamel re-indents what it writes: a Helm-rendered document's lines that hold only spaces, or
+    list items at another indentation, would all show up in a diff beside the one line that
+    changed. Lines equal but for their surrounding whitespace, and blank lines, are taken from the
+    original; the rest from the dump. The splice is kept only if it reads back as exactly the
+    dumped document (a changed line indented the dump's way inside a block indented another way
+    could misread): otherwise the whole dump is returned, correct if noisier."""
+    before, after = original.splitlines(keepends=True), dumped.splitlines(keepends=True)
+    matcher = difflib.SequenceMatcher(
+        None, [line.strip() for line in before], [line.strip() for line in after], autojunk=False
+    )
+    spliced: list[str] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        # Blank lines the dump dropped or added are layout too (a block scalar's blank lines are
+        # content: the check below catches that and falls back to the dump).
+        blank = all(not line.strip() for line in before[i1:i2] + after[j1:j2])
+        if tag == "equal" or blank:
+            spliced.extend(before[i1:i2])
+            continue
+        spliced.extend(after[j1:j2])
+        if after[j2 - 1 : j2] and after[j2 - 1].strip():  # blank lines that closed the original part
+            spliced.extend(_trailing_blanks(before[i1:i2]))
+    text = "".join(spliced)
+    if text == dumped:
+        return dumped
+    try:
+        reader = YAML(typ="safe", pure=True)
+        same = list(reader.load_all(text)) == list(reader.load_all(dumped))
+    except YAMLError:
+        same = False
+    return text if same else dumped
+
+
+def _trailing_blanks(lines: list[str]) -> list[str]:
+    blanks: list[str] = []
+    for line in reversed(lines):
+        if line.strip():
+            break
+        blanks.insert(0, line)
+    return blanks
 
 
 class DateText(str):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cloudevents.conversion import to_dict
 
 from function import cli
@@ -114,8 +115,42 @@ def test_unreadable_input_exits_2_without_traceback(monkeypatch: pytest.MonkeyPa
     )
 
 
-def test_an_empty_directory_gives_an_empty_stream(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert run(monkeypatch, "mutate", "-f", str(tmp_path)) == (0, "", "")
+def test_an_empty_directory_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    code, out, err = run(monkeypatch, "mutate", "-f", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == f"castslice mutate: {tmp_path}: no .yaml, .yml, .json file\n"
+    code, _, err = run(monkeypatch, "mutate", "-f", str(tmp_path), "-R")
+    assert (code, err) == (2, f"castslice mutate: {tmp_path}: no .yaml, .yml, .json file in it or below\n")
+
+
+def test_a_directory_of_subdirectories_without_r_says_to_add_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "apps").mkdir()
+    (tmp_path / "apps" / "pod.yaml").write_text(POD.format(name="deep"))
+    code, out, err = run(monkeypatch, "mutate", "-f", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"castslice mutate: {tmp_path}: no .yaml, .yml, .json file here, only subdirectories: "
+        "add -R to read them\n"
+    )
+    code, out, err = run(monkeypatch, "mutate", "-f", str(tmp_path), "-R")
+    assert code == 0 and "nvidia.com/gpu-shared" in out
+    assert err.startswith("apps/pod.yaml: pod/deep: mutated")
+
+
+def test_several_f_are_all_read_in_order_as_kubectl_reads_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(POD.format(name="first"))
+    second.write_text(POD.format(name="second"))
+    code, out, err = run(monkeypatch, "mutate", "-f", str(second), "-f", str(first))
+    assert code == 0
+    assert [doc["metadata"]["name"] for doc in yaml.safe_load_all(out)] == ["second", "first"]
+    assert err.splitlines()[0] == f"{second}: pod/second: mutated"
+    code, _, err = run(monkeypatch, "mutate", "-f", "-", "-f", "-", stdin=POD.format(name="p"))
+    assert (code, err) == (2, "castslice mutate: -f -: standard input can be read only once\n")
 
 
 def test_a_crash_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,12 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from function.core.podmutation.compiled import CompiledMutation, InvalidMutation
 from function.core.podmutation.match import Workload
 from function.offline.podmutations import (
-    TEMPLATE_PATHS,
     Loaded,
     WithMutations,
     compile_document,
@@ -22,7 +19,6 @@ from function.offline.podmutations import (
     explain,
     is_mutation_document,
     load,
-    pod_of,
 )
 
 
@@ -166,66 +162,3 @@ def test_explain_reports_the_winners_changes_patch_and_warnings_without_touching
     )
     assert len(explanation.warnings) == 1 and explanation.warnings[0].startswith("patches not applied: ")
     assert target == a_pod({"old": "1"})
-
-
-# --- the Pod a document makes ------------------------------------------------------------------------
-
-
-def template(**metadata: Any) -> dict[str, Any]:
-    return {"metadata": metadata, "spec": {"containers": [{"name": "c"}]}}
-
-
-@pytest.mark.parametrize("kind", sorted(TEMPLATE_PATHS))
-def test_every_workload_kind_makes_a_pod_owned_by_it(kind: str) -> None:
-    document: dict[str, Any] = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"}}
-    node = document
-    *parents, last = TEMPLATE_PATHS[kind]
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = template(labels={"app": "w"})
-    made = pod_of(document, 3)
-    assert made is not None
-    pod, found = made
-    assert found is node[last]
-    assert pod == {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "labels": {"app": "w"},
-            "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": kind, "name": "w", "uid": "offline-3", "controller": True}
-            ],
-        },
-        "spec": {"containers": [{"name": "c"}]},
-    }
-
-
-def test_a_pod_is_its_own_pod() -> None:
-    document = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}
-    assert pod_of(document) == (document, None)
-
-
-def test_a_template_keeps_its_own_owner_and_a_nameless_workload_names_none() -> None:
-    own = [{"kind": "X", "name": "x", "uid": "x", "controller": True}]
-    made = pod_of({"kind": "Job", "spec": {"template": template(ownerReferences=own)}})
-    assert made is not None and made[0]["metadata"]["ownerReferences"] == own
-    nameless = pod_of({"kind": "Job", "spec": {"template": {"spec": {}}}})
-    assert nameless is not None
-    assert nameless[0]["metadata"]["ownerReferences"] == [
-        {"apiVersion": "", "kind": "Job", "name": "", "uid": "offline-0", "controller": True}
-    ]
-
-
-@pytest.mark.parametrize(
-    "document",
-    [
-        {"kind": "ConfigMap"},
-        {"metadata": {"name": "no kind"}},
-        {"kind": "Deployment", "spec": "not a map"},
-        {"kind": "Deployment", "spec": {"template": {"metadata": {}}}},
-        {"kind": "Deployment", "spec": {"template": {"spec": []}}},
-        {"kind": "CronJob", "spec": {"jobTemplate": {"template": template()}}},
-    ],
-)
-def test_documents_that_make_no_pod(document: dict[str, Any]) -> None:
-    assert pod_of(document) is None
