@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from starlette.requests import Request
 
 from function.audit.shutdown import ASGIApp, Message, Receive, Scope, Send, drain_on_shutdown
-from function.contract import MAX_BODY_BYTES
+from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES
 from function.core.config import Config
 from function.serve.app import WebhookOnDemand, build_webhook
 from function.serve.http_api import CLIENT_GONE, HttpReply, ReviewHandler, is_review
@@ -176,5 +176,24 @@ def serving_app(target: str, config: Config | None = None, *, large_reviews: boo
         return ServingApp(WebhookOnDemand(lambda: build_webhook(config, large_reviews=large_reviews)))
     from functions_framework.aio import create_asgi_app
 
+    app: ASGIApp = create_asgi_app(target, str(FUNC_SOURCE))  # type: ignore[no-untyped-call]
+    if target == "audit":
+        app = with_healthz(app)
     # Audit events still queued at SIGTERM are drained (bounded) before the worker dies.
-    return drain_on_shutdown(create_asgi_app(target, str(FUNC_SOURCE)))  # type: ignore[no-untyped-call]
+    return drain_on_shutdown(app)
+
+
+def with_healthz(app: ASGIApp) -> ASGIApp:
+    """``app`` answering ``GET /healthz`` itself: a CloudEvent target takes POSTs only, so probes
+    (and ``castslice doctor``) would otherwise get an error from a healthy consumer."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == HEALTHZ_PATH and scope["method"] in ("GET", "HEAD"):
+            body = b'{"status":"ok"}'
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+            return
+        await app(scope, receive, send)
+
+    return wrapped

@@ -16,7 +16,6 @@ from function.audit.command import parse_when
 from function.audit.consumer import AuditStore, InvalidEvent, Query, event_problems
 from function.cli import main
 from tests.audit_support import START, event_for
-from tests.support import FUNC_SOURCE
 
 
 @pytest.fixture
@@ -124,12 +123,22 @@ def test_summary_by_outcome_namespace_mutator_and_time(filled: AuditStore) -> No
 # -- the function target -----------------------------------------------------------------------------
 @pytest.fixture
 def audit_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    from functions_framework.aio import create_asgi_app
+    """The consumer as ``castslice serve --target audit`` serves it."""
     from starlette.testclient import TestClient
+
+    from function.serve.asgi import serving_app
 
     monkeypatch.setenv("CASTSLICE_AUDIT_DB", str(tmp_path / "target.sqlite3"))
     monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
-    return TestClient(create_asgi_app("audit", str(FUNC_SOURCE)))
+    return TestClient(serving_app("audit"))
+
+
+def test_the_audit_target_answers_get_healthz_for_probes(audit_client: Any, tmp_path: Path) -> None:
+    answer = audit_client.get("/healthz")
+    assert (answer.status_code, answer.json()) == (200, {"status": "ok"})
+    assert audit_client.head("/healthz").status_code == 200
+    # Anything else still goes to the CloudEvent function (a GET is not an event).
+    assert audit_client.get("/").status_code != 200
 
 
 def test_the_audit_target_stores_binary_and_structured_events(audit_client: Any, tmp_path: Path) -> None:
