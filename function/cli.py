@@ -4,6 +4,7 @@
 - ``mutate``, ``explain``, ``mutations validate``, ``config validate|show``: function/offline/
 - ``audit``: function/audit/command.py
 - ``control``: function/control/command.py
+- ``certgen``: function/admin/certgen.py
 
 A program is a module function ``run(args) -> int`` (the exit code); adding one is a function
 here that declares its arguments and sets ``run``, and a line in ``PROGRAMS``.
@@ -18,6 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
+from function.admin import certgen
 from function.audit import command as audit
 from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
 from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
@@ -301,6 +303,58 @@ def _control(sub: Programs) -> None:
     program.set_defaults(run=control.run)
 
 
+def _certgen(sub: Programs) -> None:
+    program = sub.add_parser(
+        "certgen",
+        help="write the webhook's serving certificate and patch its CA into the webhook "
+        "configurations, without cert-manager (what components/certgen's Job runs)",
+        description="Idempotent: a valid certificate that names every host is kept, and a current "
+        "caBundle left alone. Uses the kubeconfig, or the Pod's ServiceAccount inside a cluster.",
+    )
+    program.add_argument(
+        "-n",
+        "--namespace",
+        default="",
+        help=f"the webhook's namespace (default: $POD_NAMESPACE, else {certgen.DEFAULT_NAMESPACE})",
+    )
+    program.add_argument(
+        "--secret", default=certgen.DEFAULT_SECRET, help=f"the TLS Secret (default: {certgen.DEFAULT_SECRET})"
+    )
+    program.add_argument(
+        "--service",
+        default=certgen.DEFAULT_SERVICE,
+        help="the Service the apiserver calls, <service>.<namespace>.svc "
+        f"(default: {certgen.DEFAULT_SERVICE})",
+    )
+    program.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="another DNS name or IP address the certificate must name; repeat for more (default: none)",
+    )
+    program.add_argument(
+        "--mutating",
+        action="append",
+        default=None,
+        help="a MutatingWebhookConfiguration to patch; repeat for more "
+        f"(default: {', '.join(certgen.DEFAULT_MUTATING)})",
+    )
+    program.add_argument(
+        "--validating",
+        action="append",
+        default=None,
+        help="a ValidatingWebhookConfiguration to patch, skipped if absent; repeat for more "
+        f"(default: {', '.join(certgen.DEFAULT_VALIDATING)})",
+    )
+    program.add_argument(
+        "--renew-before-days",
+        type=int,
+        default=certgen.RENEW_BEFORE_DAYS,
+        help=f"replace a certificate expiring within this many days (default: {certgen.RENEW_BEFORE_DAYS})",
+    )
+    program.set_defaults(run=certgen.run)
+
+
 PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _serve,
     _mutate,
@@ -310,6 +364,7 @@ PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _dra,
     _audit,
     _control,
+    _certgen,
 )
 """In the order ``castslice --help`` lists them."""
 

@@ -75,12 +75,20 @@ class ServedWebhook:
         *,
         kubeconfig: Path | None = None,
         workers: int = 1,
+        tls: tuple[Path, Path, Path] | None = None,
+        port: int | None = None,
     ) -> None:
+        """``tls``: (certificate, key, the CA that issued it) to serve instead of a certificate
+        from the test CA (castslice certgen's, in tests/e2e/test_certgen_e2e.py); ``port``: where,
+        when a registration already names it."""
         self.name = name
-        self.port = free_port()
-        cert = plane.issue_cert(
-            f"webhook-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
-        )
+        self.port = port if port is not None else free_port()
+        if tls is None:
+            issued = plane.issue_cert(
+                f"webhook-{name}", "127.0.0.1", ip_addresses=["127.0.0.1"], dns_names=["localhost"]
+            )
+            tls = (issued.cert, issued.key, plane.ca_cert)
+        cert_path, key_path, ca_path = tls
         self.config_path = plane.workdir / f"castslice-{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = plane.workdir / f"castslice-{name}.log"
@@ -94,7 +102,7 @@ class ServedWebhook:
         if kubeconfig is not None:
             env["KUBECONFIG"] = str(kubeconfig)
         command = [CASTSLICE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
+        command += ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
         with self.log_path.open("wb") as log:
             # Its own process group (gunicorn and its workers stop together) that dies with pytest.
             self.process = subprocess.Popen(
@@ -106,7 +114,7 @@ class ServedWebhook:
                 preexec_fn=PREEXEC,
             )
         self.url = f"https://127.0.0.1:{self.port}"
-        self.context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        self.context = ssl.create_default_context(cafile=str(ca_path))
         # /readyz answers 200 only once the watches have listed (a worker's own view): with two
         # workers, ask until several answers in a row are ready.
         for _ in range(2 * workers + 1):

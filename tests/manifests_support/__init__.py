@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import shutil
 import subprocess
 import sys
@@ -323,3 +324,23 @@ def legacy_trigger_matches(trigger: Obj, event: dict[str, str]) -> bool:
     """The same Trigger on a broker where new-trigger-filters is off: filter.attributes only."""
     attributes = trigger["spec"].get("filter", {}).get("attributes", {})
     return all(event.get(k) == v for k, v in attributes.items())
+
+
+def render_overlay(directory: Path, overlay: Path, components: tuple[str, ...]) -> list[Obj]:
+    """What a user's own overlay renders: ``overlay`` plus ``components`` (names under
+    knative/components), then the settings component, as the shipped overlays list them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(overlay, directory)],
+                "components": [
+                    os.path.relpath(KNATIVE_DIR / "components" / name, directory)
+                    for name in (*components, "settings")
+                ],
+            }
+        )
+    )
+    return render(directory)

@@ -27,7 +27,7 @@ def pod(name: str, namespace: str, *, gpu: str = "nvidia.com/gpu", **metadata: A
         "spec": {
             "nodeName": "node-1",
             "containers": [
-                {"name": "app", "image": "x", "resources": {"limits": {gpu: "2"}, "requests": {gpu: "2"}}}
+                {"name": "app", "image": "x", "resources": {"limits": {gpu: "1"}, "requests": {gpu: "1"}}}
             ],
         },
         "status": {"phase": "Running"},

@@ -53,6 +53,8 @@ OVERLAYS = (*PLAIN_OVERLAYS, *EVENTING_OVERLAYS)
 DEPLOYMENT_ROUTES = (DEPLOYMENT, DEPLOYMENT_EVENTING)
 ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS)
 SETTINGS = KNATIVE_DIR / "components" / "settings"
+# The serving certificate without cert-manager (tests/admin/test_certgen.py).
+CERTGEN = KNATIVE_DIR / "components" / "certgen"
 EVENTING = KNATIVE_DIR / "components" / "eventing"
 CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
 # Namespaces for a spot namespaceSelector term, beside cluster-view (tests/test_view_manifests.py).
@@ -169,6 +171,7 @@ def test_layout_is_a_base_four_overlays_and_the_components():
             DRA,
             DRA_CONTROLLER,
             MONITORING,
+            CERTGEN,
             *PODMUTATION_COMPONENTS,
         )
     )

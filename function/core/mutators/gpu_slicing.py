@@ -451,6 +451,10 @@ class GpuSlicing:
         return None
 
 
+MAX_COUNT = 1_000_000
+"""Above this a GPU count is shown as ``?`` (no node has that many; the apiserver judges it)."""
+
+
 def _count(container: dict[str, Any], source: str) -> int | None:
     """The whole number of devices a container asks (the larger of limit and request), None if
     unreadable (the apiserver judges a malformed quantity itself)."""
@@ -464,6 +468,9 @@ def _count(container: dict[str, Any], source: str) -> int | None:
     if not counts:
         return None
     largest = max(counts)
+    # A count beyond any node is not a number to write out (nor to convert: thousands of digits).
+    if largest > MAX_COUNT:
+        return None
     return int(largest) if largest == int(largest) else None
 
 
