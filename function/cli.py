@@ -4,7 +4,7 @@
 - ``mutate``, ``explain``, ``mutations validate``, ``config validate|show``: function/offline/
 - ``audit``: function/audit/command.py
 - ``control``: function/control/command.py
-- ``certgen``: function/admin/certgen.py
+- ``certgen``, ``doctor``: function/admin/
 
 A program is a module function ``run(args) -> int`` (the exit code); adding one is a function
 here that declares its arguments and sets ``run``, and a line in ``PROGRAMS``.
@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
-from function.admin import certgen
+from function.admin import certgen, doctor
 from function.audit import command as audit
 from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
 from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
@@ -355,6 +355,50 @@ def _certgen(sub: Programs) -> None:
     program.set_defaults(run=certgen.run)
 
 
+def _doctor(sub: Programs) -> None:
+    program = sub.add_parser(
+        "doctor",
+        help="check CastSlice on the cluster of the current kubeconfig: one line per check, each "
+        "failure with its fix; exit 1 if a check failed",
+    )
+    program.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    program.add_argument(
+        "-n",
+        "--namespace",
+        default=certgen.DEFAULT_NAMESPACE,
+        help=f"the webhook's namespace (default: {certgen.DEFAULT_NAMESPACE})",
+    )
+    program.add_argument(
+        "--webhook", default="castslice", help="its MutatingWebhookConfiguration (default: castslice)"
+    )
+    program.add_argument(
+        "--secret",
+        default=certgen.DEFAULT_SECRET,
+        help=f"its serving-certificate Secret (default: {certgen.DEFAULT_SECRET})",
+    )
+    program.add_argument(
+        "--service-account",
+        default="castslice",
+        help="its ServiceAccount, for the RBAC check (default: castslice)",
+    )
+    program.add_argument(
+        "--config",
+        help="its configuration file (default: the ConfigMap its Deployment mounts, else the defaults)",
+    )
+    program.add_argument(
+        "--probe-namespace",
+        default="default",
+        help="where the opted-in Pod is dry-run created (default: default)",
+    )
+    program.add_argument(
+        "--since-hours",
+        type=float,
+        default=24,
+        help="drift: Pods created within this many hours (default: 24)",
+    )
+    program.set_defaults(run=doctor.run)
+
+
 PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _serve,
     _mutate,
@@ -365,6 +409,7 @@ PROGRAMS: tuple[Callable[[Programs], None], ...] = (
     _audit,
     _control,
     _certgen,
+    _doctor,
 )
 """In the order ``castslice --help`` lists them."""
 

@@ -77,10 +77,12 @@ class ServedWebhook:
         workers: int = 1,
         tls: tuple[Path, Path, Path] | None = None,
         port: int | None = None,
+        ready: bool = True,
     ) -> None:
         """``tls``: (certificate, key, the CA that issued it) to serve instead of a certificate
         from the test CA (castslice certgen's, in tests/e2e/test_certgen_e2e.py); ``port``: where,
-        when a registration already names it."""
+        when a registration already names it; ``ready``: wait for /readyz (else only /healthz: a
+        webhook expected never to become ready)."""
         self.name = name
         self.port = port if port is not None else free_port()
         if tls is None:
@@ -118,9 +120,9 @@ class ServedWebhook:
         # /readyz answers 200 only once the watches have listed (a worker's own view): with two
         # workers, ask until several answers in a row are ready.
         for _ in range(2 * workers + 1):
-            self._wait_ready()
+            self._wait_ready("/readyz" if ready else "/healthz")
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, path: str = "/readyz") -> None:
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -128,7 +130,7 @@ class ServedWebhook:
                     f"castslice serve ({self.name}) exited: {self.log_path.read_text()[-3000:]}"
                 )
             try:
-                with urllib.request.urlopen(self.url + "/readyz", context=self.context, timeout=1) as answer:
+                with urllib.request.urlopen(self.url + path, context=self.context, timeout=1) as answer:
                     if answer.status == 200:
                         return
             except OSError:
