@@ -1,5 +1,6 @@
-"""Who owns a Pod (one answer for spot, PodMutations, the view and denials), and how a message names
-the Pod: namespace and name, or generateName and controller."""
+"""function/core/pod.py: who owns a Pod (one answer for spot, PodMutations, the view and denials), how
+a message names the Pod (namespace and name, or generateName and controller), and how a warning is
+fitted to the apiserver's 120 characters and a value quoted in it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from typing import Any
 import pytest
 
 from function.admission.review import naming_pod
-from function.core.pod import NO_OWNER, Owner, controller_of, describe_pod, first_owner, metadata_of
+from function.core.pod import (
+    NO_OWNER,
+    WARNING_LIMIT,
+    Owner,
+    controller_of,
+    describe_pod,
+    first_owner,
+    fit_warning,
+    metadata_of,
+    shown,
+)
 from function.core.podmutation.match import Workload, workload_of
 from function.core.view import slim_pod
 from tests.spot_support import Ctx, spot_mutator
@@ -170,3 +181,43 @@ def test_a_reference_without_controller_true_is_no_owner_to_any_of_them() -> Non
     assert spot == "bare Pod (no controller): left alone (placeBarePods: false)"
     assert workload == Workload("ml", "Pod", "web-7d9c5-")
     assert grouped == NO_OWNER
+
+
+# -- messages about a Pod: warnings fitted to the apiserver's 120 characters, values quoted --------
+def test_a_warning_that_fits_is_kept_whole() -> None:
+    head, tail = "h" * 100, "t" * 20
+    assert fit_warning(head, tail) == head + tail
+
+
+def test_a_long_head_is_cut_and_the_tail_kept() -> None:
+    head, tail = "h" * 100, "t" * 21
+    assert fit_warning(head, tail) == "h" * 96 + "..." + tail
+    assert len(fit_warning(head, tail)) == WARNING_LIMIT
+
+
+def test_a_long_tail_next_to_a_short_head_still_fits() -> None:
+    head, tail = "h" * 10, "t" * 115
+    assert fit_warning(head, tail) == "h" * 2 + "..." + tail
+
+
+def test_a_tail_longer_than_the_limit_leaves_no_head() -> None:
+    assert fit_warning("head", "t" * 118) == "..." + "t" * 117
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("v" * 24, '"' + "v" * 24 + '"'),
+        ("v" * 25, '"' + "v" * 21 + '..."'),
+        (5, '"5"'),
+        (None, '"None"'),
+        ("é\n", '"é\\n"'),
+    ],
+)
+def test_shown_quotes_and_cuts_at_24_by_default(value: object, text: str) -> None:
+    assert shown(value) == text
+
+
+def test_shown_cuts_at_the_limit_given() -> None:
+    assert shown("x" * 10, 10) == '"' + "x" * 10 + '"'
+    assert shown("x" * 11, 10) == '"xxxxxxx..."'
