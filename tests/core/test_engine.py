@@ -1,19 +1,14 @@
-"""The engine's and the patch helpers' answers in full: every field of a decision, every message a
-refused patch gives, and the patch itself where only its speed-minded shortcuts could differ.
-
-Written from a mutmut run over function/core/engine.py and function/core/json_patch.py: each test pins
-behaviour
-a surviving mutant changed without any other test noticing (see the module's git log)."""
+"""function/core/engine.py's answers in full: every field of a decision, the request every pass and
+every shadow mutator is given, an internal error under deny and under admit, a withheld patch naming
+every rule it would break, an opted-out Pod, a denial with its warnings. (The engine's one working
+copy per review: tests/core/test_engine_in_place.py; the patch it proves: tests/core/test_json_patch.py.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from function.core.config import Config, parse_config
 from function.core.engine import Decision, Engine
-from function.core.json_patch import PatchProofError, apply_patch, canonical, diff, prove, quick_changes, same
 from function.core.mutators.base import Action, MutatorDecision, MutatorResult, RequestContext
 
 REQUEST = RequestContext(uid="u-42", namespace="ml", operation="CREATE")
@@ -130,67 +125,7 @@ def test_a_withheld_patch_names_every_rule_it_would_break() -> None:
     assert "metadata.labels" in decision.reason
 
 
-# -- the patch helpers -----------------------------------------------------------------------------
-def test_canonical_is_json_with_sorted_keys() -> None:
-    assert canonical({"b": 1, "a": [True, 1.0, None]}) == b'{"a":[true,1.0,null],"b":1}'
-
-
-def test_same_tells_types_apart_where_orjson_cannot_write_the_value() -> None:
-    # An integer beyond 64 bits: orjson refuses it, so the typed walk decides.
-    big = 2**70
-    assert same({"n": big, "x": [1, "s"]}, {"n": big, "x": [1, "s"]})
-    assert not same({"n": big, "x": 1}, {"n": big, "x": True})
-    assert not same([big, 1], [big, 1.0])
-
-
-def test_quick_changes_skips_list_members_that_are_equal_but_not_the_same_object() -> None:
-    # The engine's working copy shares no object with the original: an untouched string in a list
-    # is equal, not identical, and must not become an operation.
-    old: dict[str, list[Any]] = {"args": ["".join(["--", "port"]), "8080"], "n": [10**6, 2.5]}
-    new: dict[str, list[Any]] = {"args": ["".join(["--", "port"]), "9090"], "n": [int("1000000"), 2.5]}
-    assert old["args"][0] is not new["args"][0]
-    ops = quick_changes(old, new)
-    assert ops == [{"op": "replace", "path": "/args/1", "value": "9090"}]
-    assert ops == diff(old, new)
-
-
-@pytest.mark.parametrize(
-    ("document", "patch", "message"),
-    [
-        ({"a": 1}, [{"op": "remove", "path": ""}], "cannot remove the whole document"),
-        ({"a": 1}, [{"op": "add", "path": "a", "value": 2}], "path 'a' does not start with /"),
-        ({"a": [1]}, [{"op": "replace", "path": "/a/01", "value": 2}], "'01' is not an array index"),
-        ({"a": [1]}, [{"op": "add", "path": "/a/5", "value": 2}], "array index 5 out of range"),
-        ({"a": [1]}, [{"op": "replace", "path": "/a/1", "value": 2}], "array index 1 out of range"),
-        ({"a": {}}, [{"op": "add", "path": "/a/b/c", "value": 2}], "path '/a/b/c' does not exist"),
-        ({"a": {}}, [{"op": "remove", "path": "/a/b"}], "path '/a/b' does not exist"),
-        ({"a": 1}, [{"op": "add", "path": "/a/b", "value": 2}], "path '/a/b' goes through a scalar"),
-        ({"a": 1}, [{"op": "move", "path": "/a", "from": "/b"}], "unsupported operation"),
-    ],
-)
-def test_a_refused_patch_says_why(document: Any, patch: list[Any], message: str) -> None:
-    with pytest.raises(PatchProofError) as refused:
-        apply_patch(document, patch)
-    assert message in str(refused.value)
-
-
-def test_an_index_through_a_list_on_the_way_is_checked_like_the_last_one() -> None:
-    document = {"a": [{"b": 1}]}
-    assert apply_patch(document, [{"op": "replace", "path": "/a/0/b", "value": 2}]) == {"a": [{"b": 2}]}
-    with pytest.raises(PatchProofError, match="array index 1 out of range"):
-        apply_patch(document, [{"op": "replace", "path": "/a/1/b", "value": 2}])
-    with pytest.raises(PatchProofError, match="'-' is not an array index"):
-        apply_patch(document, [{"op": "add", "path": "/a/-/b", "value": 2}])
-
-
-def test_a_patch_that_applies_but_misses_the_intended_pod_says_so() -> None:
-    original = {"a": 1, "b": [1]}
-    with pytest.raises(PatchProofError, match=r"^patched object differs from the intended one$"):
-        prove(original, [{"op": "replace", "path": "/a", "value": 2}], {"a": 2, "b": [1, 2]})
-    with pytest.raises(PatchProofError, match=r"^patch does not apply: path '/c/d' does not exist$"):
-        prove(original, [{"op": "add", "path": "/c/d", "value": 2}], {"a": 1})
-
-
+# -- opted out, denied, shadowed ---------------------------------------------------------------
 def test_an_opted_out_pod_is_admitted_unchanged_without_running_a_mutator() -> None:
     mutator = Edit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
     opted_out = pod()
