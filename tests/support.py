@@ -119,18 +119,23 @@ class PodGroupView:
         return True
 
 
+def pm(
+    name: str, spec: dict[str, Any], generation: int = 1, api: str = "castops.io/v1alpha1"
+) -> dict[str, Any]:
+    """A PodMutation object as the apiserver stores it (ours by default; ``api`` for CAST AI's)."""
+    return {
+        "apiVersion": api,
+        "kind": "PodMutation",
+        "metadata": {"name": name, "generation": generation, "uid": f"uid-{name}"},
+        "spec": spec,
+    }
+
+
 def compiled_mutation(spec: dict[str, Any], name: str = "m") -> CompiledMutation:
     """A valid PodMutation (ours, generation 1) with ``spec``, compiled as the view compiles it."""
     from function.core.podmutation.compiled import CompiledMutation, compile_object
 
-    compiled = compile_object(
-        {
-            "apiVersion": "castops.io/v1alpha1",
-            "kind": "PodMutation",
-            "metadata": {"name": name, "generation": 1, "uid": f"uid-{name}"},
-            "spec": spec,
-        }
-    )
+    compiled = compile_object(pm(name, spec))
     assert isinstance(compiled, CompiledMutation), compiled
     return compiled
 

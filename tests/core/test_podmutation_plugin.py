@@ -24,20 +24,9 @@ from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, siblings_o
 from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, pod_shape_problem
 from function.core.view import PodRecord, StaticView, slim_pod
-from tests.support import asgi_client, mutation_records, pod_review
+from tests.support import asgi_client, mutation_records, pm, pod_review
 
 TEMPLATE = "scheduling.cast.ai/node-template"
-
-
-def pm(
-    name: str, spec: dict[str, Any], generation: int = 1, api: str = "castops.io/v1alpha1"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": api,
-        "kind": "PodMutation",
-        "metadata": {"name": name, "generation": generation, "uid": f"uid-{name}"},
-        "spec": spec,
-    }
 
 
 def view(

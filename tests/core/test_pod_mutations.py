@@ -1,6 +1,7 @@
-"""function/core/mutators/pod_mutations.py, answer by answer: every reason and warning word for word (and
-cut at 120 characters), the Job -> CronJob chain, sibling counting over odd records, the watches and
-the records they keep, and the cache of loaded mutations."""
+"""function/core/mutators/pod_mutations.py, the plug-in's own answers: every reason and warning word
+for word (and cut at 120 characters), the Job -> CronJob chain, sibling counting over odd records, the
+watches and the records they keep, and the cache of loaded mutations. (The plug-in through the real
+engine, app and CLI: tests/core/test_podmutation_plugin.py.)"""
 
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ from function.core.pod import Owner
 from function.core.podmutation.apply import MARK_ANNOTATION, Siblings
 from function.core.podmutation.compiled import InvalidMutation, compile_object
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, IndexState, PodRecord, StaticView, View
-from tests.core.test_podmutation_plugin import pm
-from tests.support import PodGroupView, mutation_records
+from tests.support import PodGroupView, mutation_records, pm
 
 SPECS = (PODS, REPLICASETS, JOBS, OUR_MUTATIONS, CASTAI_MUTATIONS)
 
