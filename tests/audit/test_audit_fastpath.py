@@ -171,6 +171,21 @@ def test_each_place_a_secret_can_sit_is_redacted_without_a_full_pod_search(op: d
         assert SECRET not in json.dumps(data)
 
 
+def test_a_secret_after_a_remove_is_still_redacted() -> None:
+    decision = Decision(
+        "mutated",
+        True,
+        "r",
+        patch=(
+            {"op": "remove", "path": "/metadata/labels/x"},
+            {"op": "add", "path": "/spec/containers/0/env/0/value", "value": SECRET},
+        ),
+    )
+    data = event_data(audit_facts(secret_review(), decision), decision, config_digest="d", decided_at=MOMENT)
+    assert data["patchRedactions"] == 1
+    assert SECRET not in json.dumps(data)
+
+
 def test_event_data_hands_out_copies_of_the_patch() -> None:
     decision = Decision("mutated", True, "r", patch=({"op": "add", "path": "/a", "value": "1"},))
     review = review_of(load_review("default-slice-inference"))

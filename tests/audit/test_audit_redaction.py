@@ -75,6 +75,13 @@ def test_without_secrets_the_patch_comes_back_as_copies_and_a_count_of_zero() ->
     assert redacted[0] is not patch[0]
 
 
+def test_redact_patch_without_secrets_returns_copies_and_no_count() -> None:
+    patch = ({"op": "add", "path": "/spec/containers/0/env/0/value", "value": "v"},)
+    redacted, count = redact_patch(patch, {"spec": {"containers": [{"name": "c"}]}})
+    assert (redacted, count) == ([{"op": "add", "path": "/spec/containers/0/env/0/value", "value": "v"}], 0)
+    assert redacted[0] is not patch[0]
+
+
 # -- which places in a patch are secret places ----------------------------------------------------
 @pytest.mark.parametrize(
     "path",

@@ -355,6 +355,54 @@ def test_a_shadow_mutator_works_on_its_own_copy() -> None:
     ]
 
 
+class Recorder:
+    """A mutator that changes nothing and remembers the request it was handed."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        self.requests.append(request)
+        return MutatorResult(Action.unchanged, "nothing")
+
+
+class Liar:
+    """A shadow mutator that changes the Pod and says it did not, with a warning."""
+
+    name = "liar"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        pod["metadata"]["labels"]["lie"] = "1"
+        return MutatorResult(Action.unchanged, "says nothing")
+
+
+class Warner:
+    name = "warner"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        return MutatorResult(Action.unchanged, "fine", ("careful",))
+
+
+def test_run_to_fixed_point_hands_the_request_to_every_mutator() -> None:
+    recorder = Recorder()
+    engine(recorder).run_to_fixed_point(pod(), REQUEST)
+    assert recorder.requests == [REQUEST]
+
+
+def test_a_lying_shadow_mutator_is_named_as_a_liar() -> None:
+    with pytest.raises(MutatorLied, match="liar changed the Pod but reported unchanged"):
+        engine(shadow=[Liar()]).run_shadow(pod(), REQUEST)
+
+
+def test_a_shadow_mutators_warnings_are_recorded_but_not_sent() -> None:
+    (recorded,) = engine(shadow=[Warner()]).run_shadow(pod(), REQUEST)
+    assert (recorded.mutator, recorded.shadow, recorded.warnings) == ("warner", True, ("careful",))
+    decision = engine(shadow=[Warner()]).decide(pod(), REQUEST)
+    assert decision.warnings == ()
+
+
 def test_a_shadow_reordering_is_no_change() -> None:
     decision = engine(shadow=[Step("reorder", reorder_metadata)]).decide(pod(), REQUEST)
     assert decision.outcome == "unchanged" and decision.decisions[0].action is Action.unchanged
