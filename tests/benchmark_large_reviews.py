@@ -30,8 +30,7 @@ sys.path.insert(0, str(ROOT))
 from function.core.mutators.pod_mutations import OUR_MUTATIONS  # noqa: E402
 from tests.benchmark import free_port, large_reviews, stop  # noqa: E402
 from tests.hostile import podmutation_objects  # noqa: E402
-from tests.serve.test_knative_function import kubeconfig_for  # noqa: E402
-from tests.view_support import FakeApiServer  # noqa: E402
+from tests.view_support import FakeApiServer, kubeconfig_for  # noqa: E402
 
 SHIPPED = ROOT / "knative" / "base" / "config.yaml"
 

@@ -17,8 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import yaml
 
 
 @dataclass(frozen=True)
@@ -288,3 +291,19 @@ def transport_for(url: str, token: str = "") -> Any:
     if token:
         configuration.api_key["authorization"] = f"Bearer {token}"
     return KubeTransport(configuration)
+
+
+def kubeconfig_for(url: str, path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "fake", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path

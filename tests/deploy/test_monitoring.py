@@ -25,6 +25,7 @@ import yaml
 from function.core.config import parse_config
 from function.core.view import PODS, REPLICASETS
 from function.serve.app import build_webhook
+from tests.deploy.monitoring_support import alerts, queried_names, served_names
 from tests.manifests_support import KNATIVE_DIR, one, render
 from tests.view_support import FakeApiServer, transport_for
 
@@ -86,10 +87,6 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def rules(rendered: list[dict[str, Any]]) -> dict[str, Any]:
     spec: dict[str, Any] = one(rendered, "PrometheusRule", "castslice")["spec"]
     return spec
-
-
-def alerts(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"] if "alert" in rule}
 
 
 @pytest.fixture
@@ -205,32 +202,6 @@ def test_the_dashboard_is_a_labelled_configmap_grafana_can_load(rendered: list[d
 
 
 # -- metric names: what the queries read is what the code serves --------------------------------
-METRIC = re.compile(r"\b((?:castslice|apiserver)_[a-z0-9_]+)\b")
-
-
-def queried_names(rules: dict[str, Any], dashboard: dict[str, Any]) -> set[str]:
-    expressions = [rule["expr"] for rule in alerts(rules).values()]
-    expressions += [
-        target["expr"]
-        for panel in dashboard["panels"]
-        if panel["type"] != "row"
-        for target in panel["targets"]
-    ]
-    return {name for expression in expressions for name in METRIC.findall(expression)}
-
-
-def served_names(text: str) -> set[str]:
-    """The series names a scrape of this text can store, from its ``# TYPE`` lines: a labelled
-    family with no sample yet (no drift found, no event delivered yet) is declared all the same.
-    A histogram stores its _bucket, _sum and _count series."""
-    names = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ", 3)
-            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
-    return names
-
-
 @pytest.fixture(scope="module")
 def webhook_metrics() -> Iterator[str]:
     """/metrics of a webhook whose configuration watches the cluster (spot: the view's metrics)."""

@@ -34,18 +34,16 @@ import yaml
 from tests.manifests_support import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
+from .identity import delete_created, service_account_kubeconfig
 from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
 from .support import restart_apiserver
-from .test_spot_e2e import (
-    PLACEMENT,
-    ROUTE,
-    delete_created,
-    deployment,
-    eventually,
-    service_account_kubeconfig,
-)
+from .workloads import PLACEMENT, deployment, eventually
 
 pytestmark = pytest.mark.e2e
+
+ROUTE = "castslice-e2e-spot"
+"""Namespace label naming the server that handles the namespace (the spot module's key; this
+module's namespaces carry the value NAME)."""
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 NAME = "ops"
@@ -495,7 +493,7 @@ def test_the_rules_and_the_dashboard_read_only_series_the_running_processes_serv
     process: a webhook replica, the leading controller, or the apiserver (whose webhook series
     exist once it called a webhook and failed open: the drift test above stopped ours). Runs after
     the drift test, before the apiserver restart resets the apiserver's counters."""
-    from tests.deploy.test_monitoring import queried_names, served_names
+    from tests.deploy.monitoring_support import queried_names, served_names
 
     replicas: Replicas = ops["replicas"]
     controllers: Controllers = ops["controllers"]

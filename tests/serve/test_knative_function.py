@@ -28,7 +28,7 @@ import yaml
 from function.func import KnativeFunction, new
 from tests.audit_support import HangingSink, free_port, parse_lines, wait_for
 from tests.support import DATA, decode_reply, load_review
-from tests.view_support import FakeApiServer
+from tests.view_support import FakeApiServer, kubeconfig_for
 
 ROOT = Path(__file__).resolve().parents[2]
 REVIEW = "default-slice-inference"
@@ -192,22 +192,6 @@ def test_importing_the_package_does_not_build_a_webhook() -> None:
 
     with pytest.raises(AttributeError, match="handle"):
         function.handle  # noqa: B018 - func's scaffolding falls back to `handle`: there is none
-
-
-def kubeconfig_for(url: str, path: Path) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "fake", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
 
 
 def test_under_func_python_a_cluster_reading_mutator_starts_one_set_of_watches(tmp_path: Path) -> None:
