@@ -123,7 +123,7 @@ class AuditMetrics:
             for dry_run in (False, True)
         }
         self._delivered = self.delivered.labels(sink)
-        self._delivery_seconds: Any = None  # made at the first delivery, as before (no empty series)
+        self._delivery_seconds: Any = None  # made at the first delivery: no empty series before one
         self._retried = self.retried.labels(sink)
         self._spilled = {reason: self.spilled.labels(reason) for reason in SPILL_REASONS}
         self._dropped = {reason: self.dropped.labels(reason) for reason in SPILL_REASONS}

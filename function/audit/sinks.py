@@ -10,9 +10,8 @@
 
 Sinks get a ``WireEvent``: the CloudEvent's attributes with its data already serialized, once,
 on the admission path (events.build_wire_event makes it without a CloudEvent object). A backlog
-of thousands of events is then a few small objects each instead of a tree of dicts, which kept
-the garbage collector busy for 80 ms at a time with 10 000 events queued: the admission path
-felt it.
+of thousands of events is then a few small objects each instead of a tree of dicts: the garbage
+collector walks every tracked object on a full collection, and the admission path waits for it.
 
 A sink never raises and never retries: it reports what happened (delivered, retryable or not)
 and the sender (delivery.py) decides what to do. Stdout is also where undelivered events end up,

@@ -388,7 +388,8 @@ def namespace_of_lease(lease: Any) -> str:
 
 # -- charged Pods, as the view keeps them --------------------------------------------------------
 class ChargedPod(NamedTuple):
-    """A Pod carrying LEASE_LABEL, from metadata only (about 0.4 KiB held)."""
+    """A Pod carrying LEASE_LABEL, from metadata only (what the view holds per Pod: docs/leases.md,
+    from tests/benchmark_leases.py)."""
 
     namespace: str
     name: str

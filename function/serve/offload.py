@@ -1,11 +1,11 @@
 """Large reviews decided in a separate process, so they never stall the event loop.
 
 Every review runs on the worker's one event loop. A legal 3 MiB Pod made of many small objects
-takes the engine 0.1-1 s, and a worker *thread* does not help: parsing, copying, comparing and
-serializing such a Pod are single C calls (orjson, marshal, ==) that hold the GIL for 5-30 ms
-each, so a small review or /healthz arriving meanwhile waits that long (measured: p99 46 ms with
-six 3 MiB reviews in flight on a thread, against a 5 ms target). A process has its own GIL: the
-event loop keeps answering small reviews while the large one is decided beside it.
+takes the engine a large fraction of a second, and a worker *thread* does not help: parsing,
+copying, comparing and serializing such a Pod are single C calls (orjson, marshal, ==) that hold
+the GIL until they return, so a small review or /healthz arriving meanwhile waits for each of them.
+A process has its own GIL: the event loop keeps answering small reviews while the large one is
+decided beside it (``python tests/benchmark.py --large`` measures it; docs/serving.md has the figures).
 
 ``LargeReviews`` keeps one child process (spawned, so it shares no threads or loop state with the
 worker) that parses and decides; it sends back the reply bytes, the decision and the request's

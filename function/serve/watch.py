@@ -145,7 +145,8 @@ class ClusterWatcher:
         ``freeze_gc``: after each list and every FREEZE_EVERY events, ``gc.freeze()`` moves the
         objects alive into the collector's permanent generation. The view's records and map nodes
         are acyclic (reference counting frees them when replaced), but while tracked a full
-        collection walks all of them: ~0.2-0.5 s at 100,000 Pods, a pause any review could hit.
+        collection walks all of them, a pause any review could hit (docs/cluster-view.md has its length
+        at 100,000 Pods, from tests/benchmark_view.py with and without ``--no-gc-freeze``).
         Frozen, a full collection only walks what was allocated since. Process-wide, so the
         composition root (function/serve/app.py) turns it on, not tests."""
         self.specs = merge_specs(specs)
