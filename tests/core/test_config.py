@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from function import cli
-from function.core.config import ConfigError, parse_config
+from function.core.config import Config, ConfigError, parse_config
 from function.core.configmerge import merge_map
 from function.core.mutators.gpu_slicing import DEFAULT_PRESETS
 
@@ -164,3 +164,34 @@ def test_a_kustomize_header_needs_metadata_as_a_map() -> None:
         "invalid CastSlice configuration in configuration: metadata: 5 is not valid; "
         "accepted: a mapping (the kustomize object's metadata)"
     )
+
+
+# -- defaults, a key named, the digest ---------------------------------------------------------
+def test_defaults_are_the_seed_presets() -> None:
+    config = Config()
+    assert config.gpuSlicing.presets == {"training": 4, "inference": 2, "batch": 2, "dev": 1}
+    assert config.gpuSlicing.targetResource == "nvidia.com/gpu-shared"
+    assert config.onInternalError.value == "admit" and config.invalidAnnotations.value == "deny"
+    assert "kube-system" in config.excludedNamespaces
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"gpuSlicing": {"sourceResources": "x"}}, "gpuSlicing.sourceResources: unknown key"),
+        ({"gpuSlicing": {"targetResource": "gpu"}}, "gpuSlicing.targetResource"),
+        ({"gpuSlicing": {"presets": {"training": 0}}}, "gpuSlicing.presets.training"),
+        ({"gpuSlicing": {"targetResource": "nvidia.com/gpu"}}, "must differ"),
+        ({"onInternalError": "panic"}, "onInternalError"),
+        ({"excludedNamespaces": "kube-system"}, "excludedNamespaces"),
+        ([1, 2], "top level must be a mapping"),
+    ],
+)
+def test_bad_configuration_names_the_key(data: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        parse_config(data, "test.yaml")
+
+
+def test_digest_identifies_the_effective_configuration() -> None:
+    assert Config().digest() == parse_config({}).digest()
+    assert Config().digest() != parse_config({"invalidAnnotations": "warn"}).digest()

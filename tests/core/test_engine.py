@@ -1,14 +1,18 @@
 """function/core/engine.py's answers in full: every field of a decision, the request every pass and
 every shadow mutator is given, an internal error under deny and under admit, a withheld patch naming
-every rule it would break, an opted-out Pod, a denial with its warnings. (The engine's one working
-copy per review: tests/core/test_engine_in_place.py; the patch it proves: tests/core/test_json_patch.py.)"""
+every rule it would break, an opted-out Pod or namespace, a denial with its warnings; mutators that
+misreport what they did, never converge or deny in a later pass; a Pod the default configuration
+slices. (The engine's one working copy per review: tests/core/test_engine_in_place.py; the patch it
+proves: tests/core/test_json_patch.py.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from function.core.config import Config, parse_config
-from function.core.engine import Decision, Engine
+from function.core.engine import Decision, Engine, NotConverged
 from function.core.mutators.base import Action, MutatorDecision, MutatorResult, RequestContext
 
 REQUEST = RequestContext(uid="u-42", namespace="ml", operation="CREATE")
@@ -156,3 +160,144 @@ def test_shadow_mutators_get_the_request_as_given() -> None:
     shadow = Edit("shadow", lambda p: False)
     Engine(Config(), [], [shadow]).decide(pod(), REQUEST)
     assert shadow.seen == [REQUEST]
+
+
+# -- a Pod the default configuration slices, and mutators that misbehave ------------------------
+GPU_POD = {
+    "kind": "Pod",
+    "metadata": {"annotations": {"castops.io/optimize": "true"}},
+    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+
+
+class Liar:
+    name = "liar"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        pod["spec"]["nodeName"] = "sneaky"
+        return MutatorResult.unchanged("did nothing, honest")
+
+
+class Boaster:
+    name = "boaster"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        return MutatorResult.mutated("changed everything")
+
+
+class Counter:
+    """Never converges: bumps an annotation on every pass."""
+
+    name = "counter"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+        annotations["n"] = str(int(annotations.get("n", "0")) + 1)
+        return MutatorResult.mutated("bumped")
+
+
+class BreaksTheRules:
+    """Produces a request without a limit: the apiserver would reject the Pod."""
+
+    name = "rule-breaker"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        resources = pod["spec"]["containers"][0]["resources"]
+        if "requests" in resources:
+            return MutatorResult.unchanged("already done")
+        resources["requests"] = {"example.com/fpga": "1"}
+        return MutatorResult.mutated("added an fpga request")
+
+
+class MutatesThenDenies:
+    """Adds a marker, then denies the Pod carrying it: the second pass's denial must win."""
+
+    name = "second-thoughts"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        metadata = pod.setdefault("metadata", {})
+        if "marker" in metadata:
+            return MutatorResult.denied("second-thoughts: the marker is not allowed")
+        metadata["marker"] = "x"
+        return MutatorResult.mutated("added a marker")
+
+
+def test_a_denial_in_a_later_pass_is_final() -> None:
+    decision = Engine(Config(), [MutatesThenDenies()]).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "denied" and not decision.allowed and not decision.patch
+    assert decision.denial == "second-thoughts: the marker is not allowed"
+
+
+@pytest.mark.parametrize("mutator", [Liar(), Boaster()])
+def test_a_mutator_misreporting_its_action_is_an_internal_error(mutator: Any) -> None:
+    decision = Engine(Config(), [mutator]).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "error" and decision.allowed and not decision.patch
+    assert "MutatorLied" in decision.reason
+
+
+def test_non_converging_mutators_are_an_internal_error() -> None:
+    decision = Engine(Config(), [Counter()]).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "error" and "NotConverged" in decision.reason and not decision.patch
+
+
+def test_a_patch_breaking_apiserver_rules_is_withheld() -> None:
+    decision = Engine(Config(), [BreaksTheRules()]).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "error" and decision.allowed and not decision.patch
+    assert "request but no limit" in decision.reason
+    assert decision.warnings == ("castslice: mutation withheld by a safety check; Pod admitted unchanged",)
+
+
+def test_run_to_fixed_point_raises_not_converged() -> None:
+    with pytest.raises(NotConverged):
+        Engine(Config(), [Counter()]).run_to_fixed_point(GPU_POD, REQUEST)
+
+
+def test_engine_never_mutates_its_input() -> None:
+    import copy
+
+    before = copy.deepcopy(GPU_POD)
+    decision = Engine(Config()).decide(GPU_POD, REQUEST)
+    assert decision.outcome == "mutated" and before == GPU_POD
+
+
+def test_decisions_say_which_mutator_did_what() -> None:
+    decision = Engine(Config()).decide(GPU_POD, REQUEST)
+    assert [(d.mutator, d.action) for d in decision.decisions] == [("gpu-slicing", Action.mutated)]
+    assert decision.acting_mutators == ("gpu-slicing",)
+    assert "nvidia.com/gpu -> nvidia.com/gpu-shared: 1 (default)" in decision.decisions[0].reason
+    assert decision.as_dict()["mutators"][0]["mutator"] == "gpu-slicing"
+
+
+def test_excluded_namespace_and_opt_out_label() -> None:
+    engine = Engine(Config())
+    assert (
+        engine.decide(GPU_POD, RequestContext(namespace="kube-system")).reason
+        == "namespace kube-system is excluded"
+    )
+    labelled = {**GPU_POD, "metadata": {**GPU_POD["metadata"], "labels": {"castops.io/webhook": "ignore"}}}
+    assert "opted out" in engine.decide(labelled, REQUEST).reason
+
+
+def test_an_opted_in_pod_whose_first_container_has_resources_but_no_gpu() -> None:
+    """The first container has resources without the source resource: it is passed over (not
+    stopped at), untouched, and the GPU container after it is sliced."""
+    pod = {
+        "kind": "Pod",
+        "metadata": {"annotations": {"castops.io/optimize": "true"}},
+        "spec": {
+            "containers": [
+                {"name": "sidecar", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}},
+                {"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            ]
+        },
+    }
+    decision = Engine(Config()).decide(pod, REQUEST)
+    assert decision.outcome == "mutated"
+    assert decision.mutated_pod is not None
+    sidecar, gpu = decision.mutated_pod["spec"]["containers"]
+    assert sidecar == pod["spec"]["containers"][0]
+    assert gpu["resources"] == {
+        "limits": {"nvidia.com/gpu-shared": "1"},
+        "requests": {"nvidia.com/gpu-shared": "1"},
+    }
+    assert decision.decisions[0].reason.endswith("in containers/gpu")

@@ -2,18 +2,16 @@
 does the patched Pod break that the original kept (extended resources and placement fields, one
 answer). The extended-resource rules in full: which names are extended resources, every problem of
 every container however malformed the ones before it, zero as a valid count, what a patch is blamed
-for, and what a bad quantity under them says. (The placement fields' rules word for word:
-tests/core/test_placement.py.)"""
+for, and the quantities they read. (The placement fields' rules word for word:
+tests/core/test_placement.py; the quantity grammar: tests/core/test_quantity.py.)"""
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from function.core.json_patch import apply_patch
-from function.core.quantity import QuantityError, parse_quantity
 from function.core.rules import (
     extended_resource_violations,
     introduced,
@@ -176,42 +174,7 @@ def test_a_patch_is_blamed_only_in_containers_it_found_valid() -> None:
     assert introduced_violations(original, original) == set()
 
 
-# -- quantities ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("raw", "value"),
-    [
-        ("1", 1),
-        ("123456789012345678", 123456789012345678),  # the longest plain number on the fast path
-        ("1234567890123456789", 1234567890123456789),  # one digit more: the grammar's path
-        ("1e1000", Fraction(10) ** 1000),
-        ("1e-1000", Fraction(1, 10**1000)),
-        ("1.5Ki", 1536),
-        ("500m", Fraction(1, 2)),
-        (2, 2),
-    ],
-)
-def test_quantities_parse_exactly(raw: object, value: Fraction | int) -> None:
-    assert parse_quantity(raw) == value
-
-
-@pytest.mark.parametrize(
-    ("raw", "message"),
-    [
-        (True, "True is not a quantity"),
-        (None, "None is not a quantity"),
-        ("", "'' is not a quantity"),
-        ("1e", "'1e' is not a quantity"),
-        (" 1", "' 1' is not a quantity"),
-        ("1e1001", "'1e1001' has an exponent out of range"),
-        ("1e-1001", "'1e-1001' has an exponent out of range"),
-    ],
-)
-def test_a_bad_quantity_says_what_it_is(raw: object, message: str) -> None:
-    with pytest.raises(QuantityError) as bad:
-        parse_quantity(raw)
-    assert str(bad.value) == message
-
-
+# -- quantities the extended-resource rules read -----------------------------------------------
 def test_resources_that_are_not_extended_do_not_end_the_check() -> None:
     # Names come from a set, in no fixed order: ten ordinary names among ten broken extended ones,
     # so a check that stopped at the first ordinary name would miss some in all but one order of
@@ -230,3 +193,44 @@ def test_a_request_without_a_limit_is_still_checked_as_a_quantity() -> None:
         "spec.containers[0] (c): requests[a.io/x] must be an integer",
         "spec.containers[0] (c): a.io/x has a request but no limit",
     }
+
+
+# -- extended resources, in brief ---------------------------------------------------------------
+def pod_with(resources: dict[str, Any], kind: str = "containers") -> dict[str, Any]:
+    return {"kind": "Pod", "spec": {kind: [{"name": "c", "resources": resources}]}}
+
+
+def test_extended_resource_names() -> None:
+    assert is_extended_resource("nvidia.com/gpu")
+    assert not is_extended_resource("cpu")
+    assert not is_extended_resource("hugepages-2Mi")
+    assert not is_extended_resource("kubernetes.io/something")
+    assert not is_extended_resource("requests.nvidia.com/gpu")
+
+
+@pytest.mark.parametrize(
+    ("resources", "problem"),
+    [
+        ({"requests": {"nvidia.com/gpu": "1"}}, "has a request but no limit"),
+        ({"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}}, "must equal its limit"),
+        ({"limits": {"nvidia.com/gpu": "1.5"}}, "must be an integer"),
+        (
+            {"limits": {"nvidia.com/gpu": "500m"}, "requests": {"nvidia.com/gpu": "500m"}},
+            "must be an integer",
+        ),
+        ({"limits": {"nvidia.com/gpu": "-1"}}, "must be non-negative"),
+        ({"limits": {"nvidia.com/gpu": "x"}}, "not a valid quantity"),
+    ],
+)
+def test_extended_resource_violations(resources: dict[str, Any], problem: str) -> None:
+    found = extended_resource_violations(pod_with(resources, "initContainers"))
+    assert any(problem in p for p in found), found
+
+
+def test_valid_extended_resources_have_no_violations() -> None:
+    assert not extended_resource_violations(pod_with({"limits": {"nvidia.com/gpu": "1"}}))
+    assert not extended_resource_violations(
+        pod_with(
+            {"limits": {"nvidia.com/gpu": "1", "cpu": "500m"}, "requests": {"nvidia.com/gpu": 1, "cpu": "1"}}
+        )
+    )
