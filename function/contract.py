@@ -41,7 +41,13 @@ WRITE_SECONDS: Final = 10.0
 """How long the server's send buffer may stay full (a client that sends requests and never reads
 the replies, pipelined); then the connection is dropped, freeing what it holds."""
 IDLE_KEEPALIVE_SECONDS: Final = 5.0
-"""A connection with no request in progress (new, or kept alive after a reply) is closed after this."""
+"""A new connection that has not sent its first byte is closed after this."""
+KEPT_ALIVE_IDLE_SECONDS: Final = 120.0
+"""A connection kept alive after a reply, with no request in progress, is closed after this. Longer
+than the apiserver's own idle limit (90 s: Go's http.DefaultTransport, whose value client-go's
+transports keep), so the apiserver ends its idle connections itself: a server closing first races
+with a review sent on that connection at the same moment, a POST the apiserver does not retry, and
+the Pod is admitted unmutated (failurePolicy: Ignore)."""
 SHUTDOWN_PICKUP_SECONDS: Final = 0.2
 """At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
 SHUTDOWN_LINGER_SECONDS: Final = 2.0

@@ -43,6 +43,7 @@ from function.contract import (
     BODY_READ_SECONDS,
     HEADER_READ_SECONDS,
     IDLE_KEEPALIVE_SECONDS,
+    KEPT_ALIVE_IDLE_SECONDS,
     LARGE_BODY_BYTES,
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
@@ -124,6 +125,8 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._shutting_down = False
         self._eof_sent = False
+        self._messages_ended = 0
+        """Requests whose last byte has been read on this connection."""
         self._direct: RequestResponseCycle | None = None
         """A review read by this protocol, to be answered when its body is complete."""
         self._reviews: ReviewHandler | None = getattr(self.config.app, "reviews", None)
@@ -160,6 +163,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             return  # shutting down and already said so with a FIN: read and drop until the peer closes
         # Bytes arriving while no body is being read belong to a request line or headers.
         between = self._reading_headers or not self._in_message
+        ended_before = self._messages_ended
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -172,10 +176,12 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         elif (
             self._read_timer is None
             and not self._in_message
+            and self._messages_ended == ended_before
             and (self.cycle is None or self.cycle.response_complete)
         ):
             # Bytes that begin no request (stray CRLFs) cancelled the idle timer: bound them too.
-            # (Not the end of a body answered early: that is the end of a request, not a start.)
+            # (Not bytes that ended a request, answered at once by the direct path: the connection
+            # is then idle, kept alive, and the kept-alive limit bounds it.)
             self._arm_read_timer(HEADER_READ_SECONDS, HEADERS_TOO_SLOW, "headers")
 
     def send_400_response(self, msg: str) -> None:
@@ -229,6 +235,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self._messages_ended += 1
         self._cancel_read_timer()
         if self._eof_sent:
             return  # a refused request's end: nothing to answer
@@ -431,7 +438,7 @@ class CastSliceWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker sh
     CONFIG_KWARGS: dict[str, Any] = {  # noqa: RUF012 - the base class declares it so
         "loop": "auto",
         "http": HardenedHttpToolsProtocol,
-        "timeout_keep_alive": IDLE_KEEPALIVE_SECONDS,
+        "timeout_keep_alive": KEPT_ALIVE_IDLE_SECONDS,
     }
 
     async def _serve(self) -> None:

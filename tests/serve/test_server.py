@@ -350,6 +350,7 @@ def test_the_http_doc_documents_the_values_in_force() -> None:
         "HEADER_READ_SECONDS": f"{contract.HEADER_READ_SECONDS:g} s",
         "BODY_READ_SECONDS": f"{contract.BODY_READ_SECONDS:g} s",
         "IDLE_KEEPALIVE_SECONDS": f"{contract.IDLE_KEEPALIVE_SECONDS:g} s",
+        "KEPT_ALIVE_IDLE_SECONDS": f"{contract.KEPT_ALIVE_IDLE_SECONDS:g} s",
         "SHUTDOWN_DRAIN_SECONDS": f"{contract.SHUTDOWN_DRAIN_SECONDS:g} s",
         "SHUTDOWN_PICKUP_SECONDS": f"{contract.SHUTDOWN_PICKUP_SECONDS:g} s",
         "SHUTDOWN_LINGER_SECONDS": f"{contract.SHUTDOWN_LINGER_SECONDS:g} s",
@@ -562,3 +563,27 @@ def test_the_serving_app_answers_small_reviews_from_the_protocol_with_its_one_ha
     finally:
         server.stop()
     assert (direct, over_asgi) == (["/mutate"], ["/healthz"])
+
+
+def test_served_keeps_an_idle_kept_alive_connection_past_the_new_connection_limit(tmp_path: Any) -> None:
+    """``castslice serve`` leaves closing an idle kept-alive connection to the apiserver (whose own
+    idle limit is 90 s): a review sent after a pause longer than the limit for a new connection's
+    first byte is answered on the same connection, instead of racing the server's close."""
+    from function.contract import IDLE_KEEPALIVE_SECONDS, KEPT_ALIVE_IDLE_SECONDS
+
+    assert KEPT_ALIVE_IDLE_SECONDS > 90 > IDLE_KEEPALIVE_SECONDS
+    served = Served(tmp_path)
+    body = (REVIEWS / "default-slice-inference.json").read_bytes()
+    try:
+        sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        connection.sock = sock
+        for pause in (0.0, IDLE_KEEPALIVE_SECONDS + 1.5):
+            time.sleep(pause)
+            connection.request("POST", "/mutate", body, {"content-type": "application/json"})
+            reply = connection.getresponse()
+            reply.read()
+            assert reply.status == 200
+            assert connection.sock is sock  # the same connection, not a reconnection
+    finally:
+        served.kill()
