@@ -1,10 +1,11 @@
 """What several end-to-end modules do to the control plane beside starting servers (launch.py):
-kubectl against it, and a restart of its apiserver."""
+kubectl against it, a restart of its apiserver, and a CRD deleted for the next module."""
 
 from __future__ import annotations
 
 import subprocess
 import time
+from typing import Any
 
 from tests.manifests_support import kubectl_path
 
@@ -40,3 +41,28 @@ def restart_apiserver(plane: ControlPlane) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for the apiserver back")
         time.sleep(0.05)
+
+
+def delete_crd(api: Any, name: str, timeout: float = 60) -> None:
+    """Deletes a CustomResourceDefinition and waits until it is gone (its deletion finishes
+    asynchronously): a later module creating the same CRD would otherwise meet a 409."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    extensions = client.ApiextensionsV1Api(api)
+    try:
+        extensions.delete_custom_resource_definition(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            extensions.read_custom_resource_definition(name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"CRD {name} still there {timeout:g} s after its deletion")
+        time.sleep(0.2)

@@ -1,17 +1,20 @@
 """charts/castslice's rendered objects through a server-side apply on the e2e apiserver (with the
 cert-manager CRDs installed as shipped): the apiserver's own validation, field ownership and
 strict field checking accept every object the chart renders, with cert-manager and with certgen.
-The objects are applied with dryRun=All (the CRD for real: nothing else would know its kind), so
-no other module meets them. The chart itself is compared with the kustomize overlay in
-tests/deploy/test_helm_chart.py; helm comes from .ci/provision-helm as there."""
+The objects are applied with dryRun=All (the CRD for real: nothing else would know its kind, and
+it is deleted after the module), so no other module meets them. The chart itself is compared
+with the kustomize overlay in tests/deploy/test_helm_chart.py; helm comes from
+.ci/provision-helm as there."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.e2e.crds import install_crds
+from tests.e2e.support import delete_crd
 from tests.helm_support import HELM, REQUIRED, SKIP_REASON, helm_template
 
 pytestmark = pytest.mark.skipif(HELM is None and not REQUIRED, reason=SKIP_REASON)
@@ -19,10 +22,15 @@ FIELD_MANAGER = "castslice-helm-e2e"
 
 
 @pytest.fixture(scope="module")
-def api(control_plane: Any) -> Any:
+def api(control_plane: Any) -> Iterator[Any]:
     api = control_plane.api_client()
     install_crds(api)
-    return api
+    yield api
+    # The chart's CRDs were created for real: gone again, so that the modules after this one
+    # install the project's own as they expect.
+    for obj in helm_template("namespace.create=true"):
+        if obj["kind"] == "CustomResourceDefinition":
+            delete_crd(api, obj["metadata"]["name"])
 
 
 def server_side_apply(api: Any, objects: list[dict[str, Any]]) -> list[str]:
