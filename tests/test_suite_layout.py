@@ -1,7 +1,7 @@
 """How the test suite itself is laid out, read from its source:
 
 - no module under ``tests/`` imports a test module (``test_*.py``): a helper several test modules
-  share lives in a support module (``tests/support.py``, ``tests/*_support.py``,
+  share lives in a support module (under ``tests/support/``, or a folder's own ``support.py``,
   ``tests/e2e/launch.py``...), so that running, moving or deleting one test module never changes
   another, and pytest never collects a test twice under two names;
 - test modules are named for what they pin, never for how their tests were found (no
@@ -107,7 +107,7 @@ def test_a_test_module_imported_by_another_is_named(source: str, caught: str) ->
     "source",
     [
         "from tests.support import load_review\n",
-        "from tests.spot_support import Ctx\n",
+        "from tests.support.spot import Ctx\n",
         "from .support import kubectl\n",
         "from tests.core import test_does_not_exist\n",
         "from function.core.engine import Engine\n",

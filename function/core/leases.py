@@ -389,7 +389,7 @@ def namespace_of_lease(lease: Any) -> str:
 # -- charged Pods, as the view keeps them --------------------------------------------------------
 class ChargedPod(NamedTuple):
     """A Pod carrying LEASE_LABEL, from metadata only (what the view holds per Pod: docs/leases.md,
-    from tests/benchmark_leases.py)."""
+    from tests/benchmarks/leases.py)."""
 
     namespace: str
     name: str

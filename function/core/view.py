@@ -51,7 +51,7 @@ MUTATION_GROUP_ANNOTATION = "castops.io/pod-mutation-group"
 # -- slim records ---------------------------------------------------------------------------------
 class PodRecord(NamedTuple):
     """What the view keeps of a Pod: a few short strings, not the whole object (the memory per Pod
-    is measured by tests/benchmark_view.py; docs/cluster-view.md has the figures)."""
+    is measured by tests/benchmarks/view.py; docs/cluster-view.md has the figures)."""
 
     namespace: str
     name: str

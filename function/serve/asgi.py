@@ -93,7 +93,7 @@ async def reply_to(handler: ReviewHandler, scope: Scope, receive: Receive) -> Ht
 async def serve_http(handler: ReviewHandler, scope: Scope, receive: Receive, send: Send) -> None:
     """One HTTP request, read, answered by ``handler`` and written, without a framework: a
     review needs nothing Starlette's request, router and middleware would add, and they cost
-    as much as deciding a Pod (tests/benchmark.py)."""
+    as much as deciding a Pod (tests/benchmarks/webhook.py)."""
     await send_reply(send, await reply_to(handler, scope, receive))
 
 

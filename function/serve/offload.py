@@ -5,7 +5,8 @@ takes the engine a large fraction of a second, and a worker *thread* does not he
 copying, comparing and serializing such a Pod are single C calls (orjson, marshal, ==) that hold
 the GIL until they return, so a small review or /healthz arriving meanwhile waits for each of them.
 A process has its own GIL: the event loop keeps answering small reviews while the large one is
-decided beside it (``python tests/benchmark.py --large`` measures it; docs/serving.md has the figures).
+decided beside it (``python tests/benchmarks/webhook.py --large`` measures it; docs/serving.md has
+the figures).
 
 ``LargeReviews`` keeps one child process (spawned, so it shares no threads or loop state with the
 worker) that parses and decides; it sends back the reply bytes, the decision and the request's

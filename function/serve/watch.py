@@ -146,7 +146,7 @@ class ClusterWatcher:
         objects alive into the collector's permanent generation. The view's records and map nodes
         are acyclic (reference counting frees them when replaced), but while tracked a full
         collection walks all of them, a pause any review could hit (docs/cluster-view.md has its length
-        at 100,000 Pods, from tests/benchmark_view.py with and without ``--no-gc-freeze``).
+        at 100,000 Pods, from tests/benchmarks/view.py with and without ``--no-gc-freeze``).
         Frozen, a full collection only walks what was allocated since. Process-wide, so the
         composition root (function/serve/app.py) turns it on, not tests."""
         self.specs = merge_specs(specs)

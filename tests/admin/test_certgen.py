@@ -21,7 +21,7 @@ from function.admin.certgen import (
     renewal_reason,
     service_names,
 )
-from tests.manifests_support import KNATIVE_DIR, render_overlay
+from tests.support.manifests import KNATIVE_DIR, render_overlay
 
 NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
 HOSTS = [*service_names("castslice", "castslice-system"), "127.0.0.1"]

@@ -15,7 +15,7 @@ from cloudevents.http import CloudEvent
 from function.audit.command import parse_when
 from function.audit.consumer import AuditStore, InvalidEvent, Query, event_problems
 from function.cli import main
-from tests.audit_support import START, event_for
+from tests.support.audit import START, event_for
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ from function.audit.sinks import (
 )
 from function.core.config import Config
 from function.core.engine import Engine
-from tests.audit_support import HangingSink, RecordingSink, parse_lines, refused_url, wait_for
 from tests.support import load_review
-from tests.tls_support import write_pair
+from tests.support.audit import HangingSink, RecordingSink, parse_lines, refused_url, wait_for
+from tests.support.tls import write_pair
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff=0.005, max_backoff=0.02)
 REVIEW = parse_review(json.dumps(load_review("default-slice-inference")).encode())

@@ -24,7 +24,8 @@ from function.audit.consumer import event_problems
 from function.config_file import load_config_file
 from function.core.config import Config
 from function.core.engine import Engine
-from tests.audit_support import (
+from tests.support import asgi_client, load_review, review_names, served_webhook
+from tests.support.audit import (
     HangingSink,
     RecordingSink,
     Served,
@@ -33,7 +34,6 @@ from tests.audit_support import (
     served_consumer,
     wait_for,
 )
-from tests.support import asgi_client, load_review, review_names, served_webhook
 
 SECRET = "s3cr3t-do-not-leak"
 DRY_RUN = "default-dry-run-probe"

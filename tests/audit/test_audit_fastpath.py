@@ -46,8 +46,8 @@ from function.audit.sinks import (
 from function.core.config import Config, parse_config
 from function.core.engine import Decision, Engine
 from function.core.mutators.base import Action, MutatorDecision
-from tests.audit_support import parse_lines, wait_for
 from tests.support import load_review, review_names
+from tests.support.audit import parse_lines, wait_for
 
 MOMENT = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
 SECRET = "s3cr3t-value"

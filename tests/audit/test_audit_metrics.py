@@ -12,8 +12,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.audit_support import refused_url, wait_for
 from tests.support import asgi_client, load_review, served_webhook
+from tests.support.audit import refused_url, wait_for
 
 
 def samples(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

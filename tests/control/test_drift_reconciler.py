@@ -25,7 +25,7 @@ from function.core.drift import Tally
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, slim_namespace
 from function.core.view import PODS, StaticView, slim_pod
-from tests.view_support import FakeApiServer, transport_for
+from tests.support.view import FakeApiServer, transport_for
 
 CONFIG = parse_config({})
 

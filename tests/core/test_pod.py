@@ -23,8 +23,8 @@ from function.core.pod import (
 )
 from function.core.podmutation.match import Workload, workload_of
 from function.core.view import slim_pod
-from tests.spot_support import Ctx, spot_mutator
 from tests.support import asgi_client, load_review
+from tests.support.spot import Ctx, spot_mutator
 
 OWNER = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "fleet-7d9c5", "uid": "u", "controller": True}
 

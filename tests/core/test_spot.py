@@ -27,7 +27,8 @@ from function.core.mutators.spot import (
 from function.core.placement import DECISION_ANNOTATION, PLACEMENT_LABEL, LedgerEntry, SiblingCounts
 from function.core.pod import Owner
 from function.core.view import PodRecord, slim_pod
-from tests.spot_support import (
+from tests.support import PodGroupView
+from tests.support.spot import (
     NO_VIEW,
     RS_UID,
     Ctx,
@@ -39,7 +40,6 @@ from tests.spot_support import (
     spot_mutator,
     view_with,
 )
-from tests.support import PodGroupView
 
 SPOT_TOLERATION = {"key": "scheduling.cast.ai/spot", "operator": "Exists"}
 SPOT_SELECTOR = {"scheduling.cast.ai/spot": "true"}

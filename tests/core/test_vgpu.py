@@ -17,7 +17,7 @@ from function.core.mutators.base import Action, MutatorResult
 from function.core.mutators.gpu_slicing import GpuSlicing
 from function.core.mutators.registry import Claims, Neighbours, Rename, Settings
 from function.core.mutators.vgpu import PLUGIN, BadValue, Vgpu, VgpuConfig, VgpuDevice
-from tests.vgpu_support import DENY, GPU, MEM, REQUEST, WARN, again, container, env_of, pod, run
+from tests.support.vgpu import DENY, GPU, MEM, REQUEST, WARN, again, container, env_of, pod, run
 
 
 def mapped_container(

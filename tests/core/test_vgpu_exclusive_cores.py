@@ -13,7 +13,7 @@ from function.core.config import ConfigError, parse_config
 from function.core.engine import Engine
 from function.core.mutators.base import Action
 from function.core.mutators.vgpu import VgpuConfig, VgpuDevice
-from tests.vgpu_support import DENY, GPU, MEM, REQUEST, WARN, again, container, pod, run
+from tests.support.vgpu import DENY, GPU, MEM, REQUEST, WARN, again, container, pod, run
 
 CORES = "nvidia.com/gpucores"
 WHOLE = f"{CORES}: 100 added to containers/cuda (whole GPU: exclusive compute)"

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, by_kind, pod_specs, render
+from tests.support.manifests import KNATIVE_DIR, by_kind, pod_specs, render
 
 OVERLAYS = tuple(
     KNATIVE_DIR / "overlays" / name

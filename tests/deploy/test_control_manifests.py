@@ -17,7 +17,7 @@ from function.control.process import DEFAULT_LEASE_NAME, build_reconcilers
 from function.control.reconciler import LEADER_ELECTION, control_rbac_rules
 from function.core.config import parse_config
 from tests.control.fake_api import FakeApi
-from tests.manifests_support import (
+from tests.support.manifests import (
     KNATIVE_DIR,
     by_kind,
     command_line,

@@ -18,7 +18,7 @@ from function.core.dra import TEMPLATES
 from function.core.view import rbac_rules
 from tests.control.fake_api import FakeApi
 from tests.deploy.support import OVERLAYS, granted_rules, token_mounted, with_component
-from tests.manifests_support import KNATIVE_DIR, by_kind
+from tests.support.manifests import KNATIVE_DIR, by_kind
 
 COMPONENT = KNATIVE_DIR / "components" / "dra"
 CONTROLLER = KNATIVE_DIR / "components" / "controller"

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from function import contract
-from tests.manifests_support import KNATIVE_DIR, one, render
 from tests.support import asgi_client
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 OVERLAYS = ("deployment", "knative-route", "deployment-eventing", "knative-route-eventing")
 ADDED = "  # - ../../components/gpu-leases\n  # - ../../components/controller\n"

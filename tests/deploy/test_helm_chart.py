@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from function.core.config import parse_config
-from tests.helm_support import CHART, HELM, REQUIRED, SKIP_REASON, helm_template
-from tests.manifests_support import KNATIVE_DIR, render, render_overlay
+from tests.support.helm import CHART, HELM, REQUIRED, SKIP_REASON, helm_template
+from tests.support.manifests import KNATIVE_DIR, render, render_overlay
 
 pytestmark = pytest.mark.skipif(HELM is None and not REQUIRED, reason=SKIP_REASON)
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")

@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.audit_support import free_port, wait_for
-from tests.manifests_support import kustomization_dirs, pod_specs, render
 from tests.support import DATA, decode_reply, load_review
+from tests.support.audit import free_port, wait_for
+from tests.support.manifests import kustomization_dirs, pod_specs, render
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("CASTSLICE_IMAGE", "").strip()

@@ -26,8 +26,8 @@ from function.core.config import parse_config
 from function.core.view import PODS, REPLICASETS
 from function.serve.app import build_webhook
 from tests.deploy.monitoring_support import alerts, queried_names, served_names
-from tests.manifests_support import KNATIVE_DIR, one, render
-from tests.view_support import FakeApiServer, transport_for
+from tests.support.manifests import KNATIVE_DIR, one, render
+from tests.support.view import FakeApiServer, transport_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = KNATIVE_DIR / "components" / "monitoring"

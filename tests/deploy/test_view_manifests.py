@@ -1,6 +1,6 @@
 """The webhook's RBAC equals what its enabled mutators watch: no more, no less, token only then.
 
-Rendered with real kustomize (tests/manifests_support). The shipped overlays and the overlays with
+Rendered with real kustomize (tests/support/manifests.py). The shipped overlays and the overlays with
 the cluster-view component are both held to ``rbac_rules(watches)`` computed from the plug-ins.
 """
 
@@ -26,7 +26,7 @@ from tests.deploy.support import (
     token_mounted,
     with_component,
 )
-from tests.manifests_support import by_kind, pod_specs, render
+from tests.support.manifests import by_kind, pod_specs, render
 
 
 def shipped_config(objs: list[dict[str, Any]], tmp_path: Path) -> Any:

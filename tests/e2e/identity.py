@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, kubectl_path
+from tests.support.manifests import KNATIVE_DIR, kubectl_path
 
 from .controlplane import ControlPlane
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 from typing import Any
 
-from tests.manifests_support import kubectl_path
+from tests.support.manifests import kubectl_path
 
 from .controlplane import ControlPlane
 

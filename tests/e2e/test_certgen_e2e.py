@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.controlplane import ControlPlane, free_port
 from tests.e2e.identity import create
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, start_event_sink
-from tests.manifests_support import KNATIVE_DIR, render_overlay
+from tests.support.manifests import KNATIVE_DIR, render_overlay
 
 NAMESPACE = "castslice-system"
 SECRET = "castslice-serving-tls"

@@ -26,7 +26,7 @@ from tests.e2e.controlplane import ControlPlane
 from tests.e2e.identity import create, rendered_rbac
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, pointed_at, start_event_sink
 from tests.e2e.support import delete_crd
-from tests.manifests_support import KNATIVE_DIR, render
+from tests.support.manifests import KNATIVE_DIR, render
 
 NAMESPACE = "castslice-system"
 PROBE = "doctor-e2e"

@@ -29,7 +29,7 @@ import yaml
 from function.contract import DEFAULT_EXCLUDED_NAMESPACES
 from function.core.config import parse_config
 from function.core.dra import MANAGED_BY_LABEL, STALE_SINCE_ANNOTATION, templates
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import DRA_SHARES, GPU_NODE, ControlPlane
 from .identity import CONTROL_SA_NAME, SA_NAMESPACE, delete_created, service_account_kubeconfig

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.crds import install_crds
 from tests.e2e.support import delete_crd
-from tests.helm_support import HELM, REQUIRED, SKIP_REASON, helm_template
+from tests.support.helm import HELM, REQUIRED, SKIP_REASON, helm_template
 
 pytestmark = pytest.mark.skipif(HELM is None and not REQUIRED, reason=SKIP_REASON)
 FIELD_MANAGER = "castslice-helm-e2e"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, FakeNode, node_manifest
 from .launch import EventLog, RoundRobinProxy, ServedController, ServedWebhook, pointed_at, start_event_sink

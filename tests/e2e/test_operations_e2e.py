@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
 from .identity import delete_created, service_account_kubeconfig

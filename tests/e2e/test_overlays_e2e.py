@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.crds import install_crds
-from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, render
+from tests.support.manifests import KNATIVE_DIR, kustomization_dirs, render
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = [d for d in kustomization_dirs() if d.parent.name == "overlays"]

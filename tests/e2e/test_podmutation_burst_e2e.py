@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane
 from .launch import EventLog, ServedWebhook, TwoBehindOne, pointed_at, start_event_sink

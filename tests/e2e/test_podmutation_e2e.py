@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import SPOT, ControlPlane
 from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink

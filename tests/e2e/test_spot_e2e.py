@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.manifests_support import KNATIVE_DIR, one, render
+from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ON_DEMAND, SPOT_KEY, ControlPlane
 from .identity import delete_created, service_account_kubeconfig

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.manifests_support import KNATIVE_DIR, kustomization_dirs, one, render
+from tests.support.manifests import KNATIVE_DIR, kustomization_dirs, one, render
 
 from .controlplane import GPU_NODE, ControlPlane
 from .launch import EventLog, ServedWebhook, pointed_at, start_event_sink

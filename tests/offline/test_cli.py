@@ -22,8 +22,8 @@ from function.audit.consumer import AuditStore, InvalidEvent
 from function.contract import EXIT_BROKEN_PIPE
 from function.core.engine import ENGINE_VERSION, Decision
 from function.offline import mutate
-from tests.audit_support import event_for
-from tests.cli_support import run
+from tests.support.audit import event_for
+from tests.support.cli import run
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 POD = """apiVersion: v1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import run
+from tests.support.cli import run
 
 STATE = """\
 apiVersion: v1

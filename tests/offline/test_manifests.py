@@ -18,7 +18,7 @@ import yaml
 from function import contract
 from function.config_file import load_config_file
 from function.core.config import Config
-from tests.manifests_support import (
+from tests.support.manifests import (
     KNATIVE_DIR,
     REPO_ROOT,
     ManifestError,

@@ -15,8 +15,8 @@ import pytest
 
 from function.contract import DRAIN_SECONDS_ENV, SHUTDOWN_DRAIN_SECONDS
 from function.serve.draining import drain_seconds
-from tests.audit_support import Served, wait_for
 from tests.support import REVIEWS
+from tests.support.audit import Served, wait_for
 
 
 def test_drain_seconds_default_and_bounds() -> None:

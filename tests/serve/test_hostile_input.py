@@ -1,5 +1,5 @@
 """Hostile input (issue 13): each way input once escaped the policy, as a regression test, and a
-bounded fuzz campaign with a fixed seed (a larger one runs by hand: ``python -m tests.fuzz``)."""
+bounded fuzz campaign with a fixed seed (a larger one runs by hand: ``python -m tests.support.fuzz``)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from function.core.config import Config, parse_config
 from function.core.engine import Engine
 from function.core.json_patch import PatchProofError, apply_patch, diff, same
 from function.serve.http_api import WebhookHttp
-from tests import fuzz
-from tests.hostile import PODMUTATION_SPECS, with_pod
-from tests.support import load_review
+from tests.support import fuzz, load_review
+from tests.support.hostile import PODMUTATION_SPECS, with_pod
 
 ADMIT_ON_ERROR = parse_config({"onInternalError": "admit"})
 VGPU = parse_config({"onInternalError": "admit", "vgpu": {"enabled": True}})
@@ -296,8 +295,9 @@ def test_apply_patch_agrees_with_jsonpatch_on_every_diff(old: Any, new: Any) -> 
 # -- the campaign ------------------------------------------------------------------------------
 def test_a_bounded_fuzz_campaign_meets_the_bar() -> None:
     """2,400 hostile requests over five configurations, two of them with twelve PodMutations and
-    spot (tests/fuzz.py, tests/hostile.py): no 500, no error outcome, every patch applies and keeps
-    the rules, no second-pass operation; every PodMutation, group and placement is reached."""
+    spot (tests/support/fuzz.py, tests/support/hostile.py): no 500, no error outcome, every patch
+    applies and keeps the rules, no second-pass operation; every PodMutation, group and placement is
+    reached."""
     statuses = fuzz.run(2_400, seed=7)
     assert statuses["200"] > 1_500 and statuses["400"] > 100, statuses  # both paths exercised
     assert statuses["outcome:mutated"] > 500 and statuses["outcome:denied"] > 100, statuses

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from function.func import KnativeFunction, new
-from tests.audit_support import HangingSink, free_port, parse_lines, wait_for
 from tests.support import DATA, decode_reply, load_review
-from tests.view_support import FakeApiServer, kubeconfig_for
+from tests.support.audit import HangingSink, free_port, parse_lines, wait_for
+from tests.support.view import FakeApiServer, kubeconfig_for
 
 ROOT = Path(__file__).resolve().parents[2]
 REVIEW = "default-slice-inference"

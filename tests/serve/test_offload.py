@@ -23,9 +23,9 @@ from function.core.config import parse_config
 from function.core.engine import Engine
 from function.serve import offload
 from function.serve.http_api import WebhookHttp
-from tests.audit_support import Served
-from tests.hostile import large_review, with_pod
 from tests.support import REVIEWS
+from tests.support.audit import Served
+from tests.support.hostile import large_review, with_pod
 
 CONFIG = parse_config({"vgpu": {"enabled": True}})
 VOLATILE = ("durationSeconds", "decidedAt")
@@ -181,9 +181,9 @@ def test_serve_offloads_large_reviews_unless_told_otherwise(
 
 # -- the large-review process reads the worker's cluster view ------------------------------------
 def routed_large_review(route: str) -> bytes:
-    """A large review of a ReplicaSet's Pod (its siblings are in tests/hostile.py's view) routed to
+    """A large review of a ReplicaSet's Pod (its siblings are in tests/support/hostile.py's view) routed to
     one of the PodMutations there."""
-    from tests.hostile import ROUTE_LABEL
+    from tests.support.hostile import ROUTE_LABEL
 
     review = json.loads(large_review(LARGE_BODY_BYTES * 2, base="default-inference-fleet-64d4bcc9b8"))
     review["request"]["object"]["metadata"]["labels"][ROUTE_LABEL] = route
@@ -196,8 +196,8 @@ def test_a_large_review_is_decided_over_the_workers_view_as_on_the_event_loop(
     """The shipped configuration (PodMutations on, here with spot): the child decides a large Pod
     over the worker's snapshot (PodMutations, siblings, the ledger), exactly as the worker would;
     an index the child has read is not sent again while it is the same object."""
-    from tests.fuzz import CONFIGS
-    from tests.hostile import podmutation_view
+    from tests.support.fuzz import CONFIGS
+    from tests.support.hostile import podmutation_view
 
     config = CONFIGS["podmutations-spot"]
     view = podmutation_view(castai=True)
@@ -231,8 +231,8 @@ def test_an_offloaded_decision_feeds_the_workers_ledger() -> None:
     """What the worker's ledgers read of an admitted Pod comes back from the child (its metadata),
     not the whole Pod: a large Pod's placement joins the ledger as a small one's does."""
     from function.serve.spot_ledger import DecisionLedger
-    from tests.fuzz import CONFIGS
-    from tests.hostile import podmutation_view
+    from tests.support.fuzz import CONFIGS
+    from tests.support.hostile import podmutation_view
 
     view = podmutation_view(castai=True)
     there = offload.LargeReviews(CONFIGS["podmutations-spot"], cluster=lambda: view)

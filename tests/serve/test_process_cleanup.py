@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.audit_support import children_of, served_consumer, session_members, wait_for
+from tests.support.audit import children_of, served_consumer, session_members, wait_for
 
 
 def test_the_consumer_fixture_leaves_no_process_behind(tmp_path: Path) -> None:

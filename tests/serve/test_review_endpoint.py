@@ -19,8 +19,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from function.contract import MAX_BODY_BYTES
-from tests.audit_support import free_port, wait_for
 from tests.support import DATA, FUNC_SOURCE, REVIEWS, decode_reply
+from tests.support.audit import free_port, wait_for
 
 BAD_BODIES = [
     b"",

@@ -20,7 +20,7 @@ from function.core.view import PODS, REPLICASETS
 from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
 from tests.support import load_review
-from tests.view_support import FakeApiServer, make_pod, transport_for
+from tests.support.view import FakeApiServer, make_pod, transport_for
 
 
 def review_for(owner_uid: str, dry_run: bool = False) -> bytes:

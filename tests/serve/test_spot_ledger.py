@@ -23,8 +23,8 @@ from function.serve.spot_ledger import (
     ledger_for,
     with_ledger,
 )
-from tests.spot_support import make_pod, owner, siblings
 from tests.support import mutation_records, pod_review
+from tests.support.spot import make_pod, owner, siblings
 
 
 class Clock:

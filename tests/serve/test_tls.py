@@ -16,7 +16,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from function.serve.tls import CertificateWatcher
-from tests.tls_support import write_pair
+from tests.support.tls import write_pair
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 

@@ -24,7 +24,7 @@ from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
 from function.serve.watch import NoCredentials
 from tests.support import load_review
-from tests.view_support import FakeApiServer, make_pod, transport_for
+from tests.support.view import FakeApiServer, make_pod, transport_for
 
 STATE = Path(__file__).parents[1] / "data" / "cluster" / "state.yaml"
 RS_UID = "22222222-0000-0000-0000-000000000001"

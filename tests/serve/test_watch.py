@@ -1,4 +1,4 @@
-"""The view's list+watch edge against a stand-in apiserver over real HTTP (tests/view_support.py).
+"""The view's list+watch edge against a stand-in apiserver over real HTTP (tests/support/view.py).
 
 The same ClusterWatcher runs against a real kube-apiserver in tests/e2e/test_view_e2e.py.
 """
@@ -14,7 +14,7 @@ import pytest
 from function.core.view import PODS, REPLICASETS
 from function.serve import watch
 from function.serve.watch import ClusterWatcher
-from tests.view_support import FakeApiServer, make_pod, transport_for
+from tests.support.view import FakeApiServer, make_pod, transport_for
 
 POD_PATH, RS_PATH = PODS.path(), REPLICASETS.path()
 

@@ -12,7 +12,7 @@ import pytest
 
 from function.core.view import PODS
 from function.serve.watch import ClusterWatcher
-from tests.view_support import FakeApiServer, make_pod, transport_for
+from tests.support.view import FakeApiServer, make_pod, transport_for
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

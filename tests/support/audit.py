@@ -4,7 +4,7 @@ Loopback servers that play a sink (recording, failing, hanging), a port nobody l
 ``castslice serve`` subprocess, and a bounded poll. Run as a script to get a hanging sink for the
 benchmark (or any manual run):
 
-    python -m tests.audit_support hang --port 18099 &
+    python -m tests.support.audit hang --port 18099 &
     K_SINK=http://127.0.0.1:18099 castslice serve --port 8080
 
 The hanging sink accepts every connection, reads the request and never answers, so each delivery
@@ -42,7 +42,7 @@ from function.core.config import Config
 from function.core.engine import Engine
 from tests.support import load_review
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_for(
@@ -344,7 +344,7 @@ def parse_lines(text: str) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    top = argparse.ArgumentParser(prog="python -m tests.audit_support")
+    top = argparse.ArgumentParser(prog="python -m tests.support.audit")
     sub = top.add_subparsers(dest="command", required=True)
     hang = sub.add_parser("hang", help="serve a sink that accepts and never answers, until interrupted")
     hang.add_argument("--host", default="127.0.0.1")

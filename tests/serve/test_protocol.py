@@ -22,8 +22,8 @@ import uvicorn
 
 from function.contract import MAX_HEADER_BYTES
 from function.serve import protocol as hardened
-from tests.audit_support import Served
 from tests.support import REVIEWS
+from tests.support.audit import Served
 
 SHORT = 0.5
 

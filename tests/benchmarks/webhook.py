@@ -4,14 +4,14 @@ so the figures that matter are ratios. Mutating and non-mutating reviews are mea
 
 Not a test (pytest does not collect it, and nothing here asserts a time): run it by hand.
 
-    python tests/benchmark.py                  # in-process cost, then the three servers under wrk
-    python tests/benchmark.py --large          # plus: small reviews while six 3 MiB ones are in flight
-    python tests/benchmark.py --sink hanging   # CastSlice's audit events to a broker that never answers
-    python tests/benchmark.py --ceiling        # plus: CastSlice with its engine's decision made free
+    python tests/benchmarks/webhook.py                 # in-process cost, then the three servers under wrk
+    python tests/benchmarks/webhook.py --large         # plus: small reviews while six 3 MiB are in flight
+    python tests/benchmarks/webhook.py --sink hanging  # CastSlice's audit events to a broker never answering
+    python tests/benchmarks/webhook.py --ceiling       # plus: CastSlice with its engine's decision made free
 
 Each server is pinned to CPU 0 and wrk to CPU 1 when the machine has two or more cores (as in
 REFERENCE.md's floor figures), one worker each. Loopback only; every run is bounded in time.
-Needs wrk (Debian package `wrk`). The reference handlers are in tests/bench_targets.py.
+Needs wrk (Debian package `wrk`). The reference handlers are in tests/benchmarks/targets.py.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REVIEWS = ROOT / "tests" / "data" / "admission-reviews"
 
 TARGETS = {
     # The Procfile's own command line, with $PORT substituted: what buildpacks and Knative run.
     "castslice": None,
-    "naive": "functions-framework --source tests/bench_targets.py --target naive --port $PORT",
-    "floor": "functions-framework --source tests/bench_targets.py --target floor --asgi --port $PORT",
+    "naive": "functions-framework --source tests/benchmarks/targets.py --target naive --port $PORT",
+    "floor": "functions-framework --source tests/benchmarks/targets.py --target floor --asgi --port $PORT",
 }
 BODIES = {
     "mutating": REVIEWS / "default-slice-inference.json",
@@ -259,7 +259,7 @@ def large_reviews(port: int, in_flight: int = 6) -> dict[str, float]:
     3 MiB reviews are in flight: their p50/p99, and how long the large ones took."""
     import http.client
 
-    from tests.hostile import large_review
+    from tests.support.hostile import large_review
 
     big = large_review()
     small = BODIES["mutating"].read_bytes()

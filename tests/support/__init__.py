@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from function.core.podmutation.compiled import CompiledMutation, InvalidMutation
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 REVIEWS = DATA / "admission-reviews"
 CONFIGS = DATA / "configs"

@@ -3,8 +3,8 @@
 Not a test (pytest does not collect it, nothing here asserts a time): run it by hand, with the
 e2e binaries (`export KUBEBUILDER_ASSETS="$(.ci/provision-k8s)"`).
 
-    python tests/benchmark_control.py                  # 3 failovers of each kind, 20 ungatings
-    python tests/benchmark_control.py --failovers 5 --pods 50
+    python tests/benchmarks/control.py                  # 3 failovers of each kind, 20 ungatings
+    python tests/benchmarks/control.py --failovers 5 --pods 50
 
 Two `castslice control` processes with the default election timings (lease 15 s, renew deadline
 10 s, retry 2 s) compete for the Lease. Printed:
@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.controlplane import PREEXEC, find_binaries, free_port, kill_group, start_control_plane  # noqa: E402
-from tests.manifests_support import KNATIVE_DIR, one, render  # noqa: E402
+from tests.support.manifests import KNATIVE_DIR, one, render  # noqa: E402
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 SYSTEM, TENANT = "bench-system", "bench"

@@ -1,15 +1,15 @@
 """Small reviews beside 3 MiB ones, with the shipped configuration: figures for docs/serving.md.
 
 ``castslice serve --config knative/base/config.yaml`` (the manifests' configuration: PodMutations
-on) over a stand-in apiserver (tests/view_support.py) holding the twelve PodMutations of
-tests/hostile.py, so every review is decided over a cluster view. Small mutating reviews go one
+on) over a stand-in apiserver (tests/support/view.py) holding the twelve PodMutations of
+tests/support/hostile.py, so every review is decided over a cluster view. Small mutating reviews go one
 after another on a kept-alive connection while three 3 MiB reviews are in flight
-(tests/benchmark.py ``large_reviews``); printed: their p50/p99, the slowest 3 MiB review, and
+(tests/benchmarks/webhook.py ``large_reviews``); printed: their p50/p99, the slowest 3 MiB review, and
 the same small reviews alone. ``--compare`` runs the same with ``CASTSLICE_LARGE_REVIEWS=event-loop``
 (every review on the event loop, as large reviews were decided with PodMutations on before the
 large-review process read the view).
 
-    python tests/benchmark_large_reviews.py [--rounds 3] [--compare]
+    python tests/benchmarks/large_reviews.py [--rounds 3] [--compare]
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from function.core.mutators.pod_mutations import OUR_MUTATIONS  # noqa: E402
-from tests.benchmark import free_port, large_reviews, stop  # noqa: E402
-from tests.hostile import podmutation_objects  # noqa: E402
-from tests.view_support import FakeApiServer, kubeconfig_for  # noqa: E402
+from tests.benchmarks.webhook import free_port, large_reviews, stop  # noqa: E402
+from tests.support.hostile import podmutation_objects  # noqa: E402
+from tests.support.view import FakeApiServer, kubeconfig_for  # noqa: E402
 
 SHIPPED = ROOT / "knative" / "base" / "config.yaml"
 

@@ -3,7 +3,7 @@ wrong types in any field, odd quantities and annotations, NaN, huge strings and 
 under five configurations; two of them are the shipped one (PodMutations on, with spot or vGPU
 beside it) over a cluster view holding twelve PodMutations (affinity, consolidation, patches,
 copies, distribution groups and shares, CAST AI's form, a catastrophic regex), siblings and
-recent decisions, fed Pods hostile to what they read (tests/hostile.py).
+recent decisions, fed Pods hostile to what they read (tests/support/hostile.py).
 
 The bar every request must meet (``check``): no 500; no ``error`` outcome (an internal error
 means the policy was escaped); a 400 quotes a bounded amount of input; an allowed patch applies to
@@ -12,7 +12,7 @@ pass over the patched Pod (reinvocation) produces no operation; no env value rea
 
 tests/serve/test_hostile_input.py runs a bounded campaign with a fixed seed; a larger one runs by hand:
 
-    python -m tests.fuzz --requests 50000 --seed 7
+    python -m tests.support.fuzz --requests 50000 --seed 7
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from function.core.engine import Engine
 from function.core.rules import introduced_violations, scheduling_violations
 from function.core.view import EMPTY_VIEW, ClusterView
 from function.serve.http_api import WebhookHttp
-from tests.hostile import ROUTE_LABEL, ROUTES, hostile_pod_change, podmutation_view
 from tests.support import load_review, review_names
+from tests.support.hostile import ROUTE_LABEL, ROUTES, hostile_pod_change, podmutation_view
 
 CONFIGS: dict[str, Config] = {
     "default": Config(),
     "vgpu-warn": parse_config({"invalidAnnotations": "warn", "vgpu": {"enabled": True}}),
     "vgpu-admit": parse_config({"onInternalError": "admit", "vgpu": {"enabled": True, "overwriteEnv": True}}),
     # The shipped configuration (PodMutations on) with spot placement beside it, over a cluster view
-    # holding the PodMutations below, siblings and recent decisions (tests/hostile.py).
+    # holding the PodMutations below, siblings and recent decisions (tests/support/hostile.py).
     "podmutations-spot": parse_config(
         {
             "podMutations": {"enabled": True, "castaiObjects": True},
@@ -216,7 +216,7 @@ def mutate_review(rng: random.Random, review: dict[str, Any]) -> dict[str, Any]:
 
 
 def podmutation_variation(rng: random.Random, review: dict[str, Any]) -> dict[str, Any]:
-    """``review`` routed to one of the PodMutations (tests/hostile.py), with what they read in a
+    """``review`` routed to one of the PodMutations (tests/support/hostile.py), with what they read in a
     Pod changed once or twice: node affinity terms with null or empty parts, tolerations, owners,
     marks, long names, env values and Secret references, GPU requests."""
     request = review.get("request")

@@ -366,7 +366,7 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
     from function.core.mutators.spot import Spot, SpotConfig
     from function.core.placement import LedgerEntry, placement_of
     from function.core.rules import scheduling_violations
-    from tests.spot_support import NO_VIEW, Ctx, siblings, view_with
+    from tests.support.spot import NO_VIEW, Ctx, siblings, view_with
 
     config = SpotConfig(
         enabled=True, labelScheme=scheme, spotPercentageOfReplicaSet=percentage, defaultToSpot=default_to_spot

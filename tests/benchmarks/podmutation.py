@@ -1,4 +1,4 @@
-"""PodMutation cost per admission: ``python tests/benchmark_podmutation.py``.
+"""PodMutation cost per admission: ``python tests/benchmarks/podmutation.py``.
 
 Every mutation filters on namespace ``prod`` (each one passes it) and a name regex, so all N are
 ranked for every Pod; the last one matches and is applied (a label, a toleration, an extended patch).
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: tests is a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: tests is a package
 
 from function.core.config import parse_config
 from function.core.engine import Engine

@@ -2,11 +2,11 @@
 
 Not a test (pytest does not collect it, nothing here asserts a time): run it by hand.
 
-    python tests/benchmark_view.py                 # 10,000 and 100,000 Pods
-    python tests/benchmark_view.py --pods 20000    # one size
-    python tests/benchmark_view.py --churn 200     # with 200 Pod updates/s streaming meanwhile
+    python tests/benchmarks/view.py                 # 10,000 and 100,000 Pods
+    python tests/benchmarks/view.py --pods 20000    # one size
+    python tests/benchmarks/view.py --churn 200     # with 200 Pod updates/s streaming meanwhile
 
-A stand-in apiserver (tests/view_support.py, in its own process so its objects do not count)
+A stand-in apiserver (tests/support/view.py, in its own process so its objects do not count)
 serves the Pods as PartialObjectMetadata (with managedFields, as a real apiserver sends them),
 10 per ReplicaSet, and a ReplicaSet list. The real ClusterWatcher lists and watches them through
 the real KubeTransport. Printed:
@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from function.core.mutators.base import MutatorResult, RequestContext  # noqa: E402
@@ -107,7 +107,7 @@ def realistic_pod(index: int, owner_uid: str, namespace: str) -> dict[str, Any]:
 
 
 def serve(pods: int, churn: float) -> None:
-    from tests.view_support import FakeApiServer
+    from tests.support.view import FakeApiServer
 
     server = FakeApiServer()
     owners = [str(uuid.uuid4()) for _ in range(max(1, pods // PER_REPLICASET))]
@@ -186,7 +186,7 @@ def measure(
     from function.core.config import parse_config
     from function.core.engine import Engine
     from function.serve.app import build_webhook
-    from tests.view_support import transport_for
+    from tests.support.view import transport_for
 
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(pods), "--churn", str(churn)],

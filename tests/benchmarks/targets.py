@@ -1,5 +1,5 @@
 """Reference handlers the benchmark serves beside CastSlice, in the same run, so its figures are
-ratios that hold on any machine (tests/benchmark.py). Not part of the webhook.
+ratios that hold on any machine (tests/benchmarks/webhook.py). Not part of the webhook.
 
 ``naive``: what one would write by hand as a functions-framework function (Flask, the default
 server): parse the review, slice an opted-in Pod's GPUs, build the JSON Patch, answer. No proof,

@@ -2,8 +2,8 @@
 
 Not a test (pytest does not collect it, nothing here asserts a time): run it by hand.
 
-    python tests/benchmark_leases.py                  # 10,000 and 100,000 charged Pods, 100 leases
-    python tests/benchmark_leases.py --pods 20000     # one size
+    python tests/benchmarks/leases.py                  # 10,000 and 100,000 charged Pods, 100 leases
+    python tests/benchmarks/leases.py --pods 20000     # one size
 
 Printed, for each size, p50 and p99 of each measure, all taken in the same run, one call of each
 per round in an order that rotates every round (so the machine's other work falls on every side
@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from function.core.leases import CHARGED_PODS, LEASES, slim_lease  # noqa: E402
