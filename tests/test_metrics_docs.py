@@ -14,7 +14,7 @@ from function.control.reconcilers.dra_templates import TemplateReconciler
 from function.control.reconcilers.gpu_leases import LeaseMetrics
 from function.control.runner import ControlMetrics
 from function.core.dra import DraConfig
-from function.serve.watch import ViewMetrics
+from function.kube.watch import ViewMetrics
 from tests.support import ROOT, asgi_client
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
-from function.control.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
 from function.control.process import DEFAULT_LEASE_NAME
+from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
 
 __all__ = ["DEFAULT_LEASE_NAME", "LEASE_SECONDS", "RENEW_DEADLINE", "RETRY_SECONDS", "run"]
 
@@ -17,8 +17,8 @@ def run(args: argparse.Namespace) -> int:
     from function.config_file import load_config, load_config_file
     from function.control.process import ControlSettings, own_identity, own_namespace, run_control
     from function.core.config import ConfigError
+    from function.kube.watch import NoCredentials
     from function.serve.app import configure_logging
-    from function.serve.watch import NoCredentials
 
     configure_logging()
     try:

@@ -35,13 +35,13 @@ from prometheus_client.registry import Collector
 from urllib3.exceptions import HTTPError
 
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
-from function.control.kube import Api
 from function.control.reconciler import DONE, Context, Permission, Requeue
 from function.core.config import Config, watches_for
 from function.core.drift import Finding, Tally, findings
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, NamespaceRecord
 from function.core.view import POD_FIELD_SELECTOR, ClusterView, Record, WatchSpec, merge_specs
+from function.kube.client import Api
 
 log = logging.getLogger("castslice.drift")
 

@@ -26,13 +26,13 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from function.contract import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from function.control.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS, LeaderElector, LeaseLock
-from function.control.kube import Api
 from function.control.reconciler import Reconciler
 from function.control.runner import Runner
 from function.core.config import Config
 from function.core.view import merge_specs
-from function.serve.watch import ClusterWatcher, Transport
+from function.kube.client import Api
+from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS, LeaderElector, LeaseLock
+from function.kube.watch import ClusterWatcher, Transport
 
 log = logging.getLogger("castslice.control")
 
@@ -185,8 +185,8 @@ def _handler(controller: Controller) -> type[BaseHTTPRequestHandler]:
 
 def run_control(config: Config, settings: ControlSettings, environ: Mapping[str, str] | None = None) -> int:
     """Run until SIGTERM or SIGINT; then hand the Lease over and return 0."""
-    from function.control.kube import kube_api
-    from function.serve.watch import kube_transport
+    from function.kube.client import kube_api
+    from function.kube.watch import kube_transport
 
     environ = os.environ if environ is None else environ
     api = kube_api(environ)

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Protocol
 from function.core.view import ClusterView, Record, WatchSpec, rbac_rules
 
 if TYPE_CHECKING:
-    from function.control.kube import Api
     from function.core.config import Config
+    from function.kube.client import Api
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The cluster view: what a mutator may know about the cluster, read-only and frozen per review.
 
-Mutators stay pure functions. The edge (``function/serve/watch.py``) keeps the state current from
+Mutators stay pure functions. The edge (``function/kube/watch.py``) keeps the state current from
 list+watch streams; a mutator only ever sees a ``ClusterView`` snapshot taken once per review,
 before the fixed-point passes, so every pass judges against the same cluster and no Kubernetes API
 call happens while a review is answered. Offline (``castslice mutate --cluster STATE.yaml``) and in

@@ -23,12 +23,12 @@ from function.config_file import load_config
 from function.core.config import Config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
+from function.kube.watch import ClusterWatcher, Transport, kube_transport
 from function.serve.draining import DRAINING
 from function.serve.http_api import HttpReply, WebhookHttp, problem
 from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
 from function.serve.offload import LargeReviews
 from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
-from function.serve.watch import ClusterWatcher, Transport, kube_transport
 
 log = logging.getLogger("castslice.app")
 

@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"castslice serve: {error}", file=sys.stderr)
         return 2
+    from function.kube.watch import NoCredentials, kube_transport
     from function.serve.asgi import serving_app
-    from function.serve.watch import NoCredentials, kube_transport
 
     if args.target == "mutate" and watches_for(config):
         # The webhook is built in the worker, after gunicorn forks, where a failure is a worker

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from function.control.kube import MERGE_PATCH, ApiError, ApiResponse
 from function.control.process import build_reconcilers
 from function.control.reconciler import DONE, Context, Requeue, control_rbac_rules
 from function.control.reconcilers.dra_templates import TemplateReconciler
@@ -27,7 +26,8 @@ from function.core.dra import (
     templates,
 )
 from function.core.view import StaticView
-from tests.control.fake_api import FakeApi
+from function.kube.client import MERGE_PATCH, ApiError, ApiResponse
+from tests.support.fake_api import FakeApi
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 OLD = DraConfig()

@@ -16,7 +16,6 @@ from cloudevents.http import CloudEvent
 from prometheus_client import CollectorRegistry
 
 from function.control.drift import EVENT_TYPE, PASS_KEY, DriftMetrics, DriftReconciler
-from function.control.kube import KubeApi
 from function.control.reconciler import Context, Requeue
 from function.control.reconcilers import PLUGINS
 from function.control.reconcilers.drift import build
@@ -25,6 +24,7 @@ from function.core.drift import Tally
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, slim_namespace
 from function.core.view import PODS, StaticView, slim_pod
+from function.kube.client import KubeApi
 from tests.support.view import FakeApiServer, transport_for
 
 CONFIG = parse_config({})

@@ -10,7 +10,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from function.control.kube import APPLY_PATCH, ApiResponse
 from function.control.reconciler import Context
 from function.control.reconcilers.gpu_leases import FIELD_MANAGER, LeaseReconciler
 from function.core.leases import (
@@ -25,7 +24,8 @@ from function.core.leases import (
     slim_lease,
 )
 from function.core.view import StaticView
-from tests.control.fake_api import FakeApi
+from function.kube.client import APPLY_PATCH, ApiResponse
+from tests.support.fake_api import FakeApi
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 LEASE = "/apis/castops.io/v1alpha1/namespaces/ml/gpuleases/h100"

@@ -7,8 +7,8 @@ import time
 import urllib.request
 
 from function.control.process import Controller, ControlSettings, own_identity, own_namespace
-from tests.control.fake_api import FakeApi
 from tests.control.support import Recorder
+from tests.support.fake_api import FakeApi
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/castslice-control"
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from function import contract
-from function.control.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
 from function.control.process import DEFAULT_LEASE_NAME, build_reconcilers
 from function.control.reconciler import LEADER_ELECTION, control_rbac_rules
 from function.core.config import parse_config
-from tests.control.fake_api import FakeApi
+from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
+from tests.support.fake_api import FakeApi
 from tests.support.manifests import (
     KNATIVE_DIR,
     by_kind,

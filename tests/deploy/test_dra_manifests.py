@@ -16,8 +16,8 @@ from function.control.reconciler import control_rbac_rules, rules_of
 from function.core.config import parse_config, watches_for
 from function.core.dra import TEMPLATES
 from function.core.view import rbac_rules
-from tests.control.fake_api import FakeApi
 from tests.deploy.support import OVERLAYS, granted_rules, token_mounted, with_component
+from tests.support.fake_api import FakeApi
 from tests.support.manifests import KNATIVE_DIR, by_kind
 
 COMPONENT = KNATIVE_DIR / "components" / "dra"

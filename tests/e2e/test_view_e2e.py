@@ -24,9 +24,9 @@ from function.core.config import parse_config
 from function.core.engine import Engine
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.view import PODS, REPLICASETS, ClusterView
+from function.kube.watch import ClusterWatcher, KubeTransport, Response, kube_transport
 from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
-from function.serve.watch import ClusterWatcher, KubeTransport, Response, kube_transport
 
 from .controlplane import ControlPlane
 from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac

@@ -17,12 +17,12 @@ from function.core.config import parse_config, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView
+from function.kube.watch import NoCredentials
 from function.offline.manifests import mutate_chunk
 from function.offline.state_file import load_state
 from function.offline.yamldoc import load_documents
 from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
-from function.serve.watch import NoCredentials
 from tests.support import load_review
 from tests.support.view import FakeApiServer, make_pod, transport_for
 

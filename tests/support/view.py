@@ -2,7 +2,7 @@
 
 It speaks just enough of the Kubernetes list/watch protocol (pagination with continue tokens,
 resourceVersion, bookmarks, 410 Gone as a status and as an ERROR event, dropped connections) to
-drive ``function.serve.watch.ClusterWatcher`` through a real urllib3 connection, and counts every request
+drive ``function.kube.watch.ClusterWatcher`` through a real urllib3 connection, and counts every request
 it receives, so tests and the benchmark can assert who asked what and when. The e2e tests run the
 same watcher against a real kube-apiserver.
 """
@@ -284,7 +284,7 @@ def transport_for(url: str, token: str = "") -> Any:
     """The real KubeTransport, pointed at ``url`` (plain HTTP, optional bearer token)."""
     from kubernetes import client
 
-    from function.serve.watch import KubeTransport
+    from function.kube.watch import KubeTransport
 
     configuration = client.Configuration()
     configuration.host = url

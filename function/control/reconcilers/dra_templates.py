@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from function.control.kube import MERGE_PATCH, Api, ApiError, collection_path, object_path
 from function.control.reconciler import DONE, Context, Permission, ReconcilerPlugin, Requeue
 from function.core.dra import (
     API_GROUP,
@@ -33,6 +32,7 @@ from function.core.dra import (
     plan,
 )
 from function.core.view import ClusterView, Record, WatchSpec
+from function.kube.client import MERGE_PATCH, Api, ApiError, collection_path, object_path
 
 if TYPE_CHECKING:
     from function.core.config import Config

@@ -9,10 +9,10 @@ import os
 from cloudevents.http import CloudEvent
 
 from function.control.drift import NAME, DriftReconciler, drift_watches
-from function.control.kube import Api
 from function.control.reconciler import ReconcilerPlugin
 from function.core.config import Config
 from function.core.engine import Engine
+from function.kube.client import Api
 
 
 def build(config: Config, api: Api) -> DriftReconciler | None:

@@ -31,7 +31,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from function.contract import CONTROL_EVENT_SOURCE, LEASE_EVENT_TYPES
-from function.control.kube import APPLY_PATCH, Api, ApiError, collection_path, object_path
 from function.control.reconciler import DONE, Context, Permission, ReconcilerPlugin, Requeue
 from function.core.config import Config
 from function.core.leases import (
@@ -59,6 +58,7 @@ from function.core.leases import (
     usage_from,
 )
 from function.core.view import ClusterView, Record, WatchSpec
+from function.kube.client import APPLY_PATCH, Api, ApiError, collection_path, object_path
 
 log = logging.getLogger("castslice.control.gpuleases")
 

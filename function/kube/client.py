@@ -1,6 +1,6 @@
 """The controller's writes to the apiserver: one small request function, and the calls built on it.
 
-The reads come from the cluster view's watches (``function/serve/watch.py``); what a reconciler
+The reads come from the cluster view's watches (``function/kube/watch.py``); what a reconciler
 writes (a Lease for leader election, status by Server-Side Apply, Events, Evictions, Pod patches)
 goes through ``Api.request``. The kubernetes client's generated methods have no typed
 Server-Side Apply (kubernetes-client/python #1430) and their signatures move between releases, so
@@ -122,6 +122,6 @@ class KubeApi:
 
 def kube_api(environ: Mapping[str, str] | None = None) -> KubeApi:
     """In-cluster credentials when running in a Pod, else $KUBECONFIG (the view's own rule)."""
-    from function.serve.watch import kube_transport
+    from function.kube.watch import kube_transport
 
     return KubeApi(kube_transport(environ).configuration)

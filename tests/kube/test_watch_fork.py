@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from function.core.view import PODS
-from function.serve.watch import ClusterWatcher
+from function.kube.watch import ClusterWatcher
 from tests.support.view import FakeApiServer, make_pod, transport_for
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from function.core.view import PODS, REPLICASETS
-from function.serve import watch
-from function.serve.watch import ClusterWatcher
+from function.kube import watch
+from function.kube.watch import ClusterWatcher
 from tests.support.view import FakeApiServer, make_pod, transport_for
 
 POD_PATH, RS_PATH = PODS.path(), REPLICASETS.path()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from function.control.kube import ApiResponse
+from function.kube.client import ApiResponse
 
 
 class FakeApi:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from function.control.kube import Api, ApiError, collection_path, object_path
+from function.kube.client import Api, ApiError, collection_path, object_path
 
 log = logging.getLogger("castslice.control.elector")
 

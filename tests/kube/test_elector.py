@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from function.control.elector import LeaderElector, LeaseLock
-from tests.control.fake_api import FakeApi
+from function.kube.elector import LeaderElector, LeaseLock
+from tests.support.fake_api import FakeApi
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/castslice-control"
 
@@ -83,7 +83,7 @@ def test_two_candidates_racing_on_one_version_elect_one() -> None:
     assert record_version is not None
     # b read the expired record; a renews in between: b's write conflicts.
     assert a._try_acquire_or_renew()
-    from function.control.elector import LeaseRecord
+    from function.kube.elector import LeaseRecord
 
     assert not b.lock.update(LeaseRecord("b", 15, "", "", 1), record_version[1])
     assert holder(api) == "a"
