@@ -160,47 +160,89 @@ SPEC_FIELDS = (
     "onExpiry",
 )
 DEFAULT_GRACE_SECONDS = 300
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""A window's edges lie in [EARLIEST, LATEST): far enough from datetime's year 9999 that an end
+plus the longest duration and grace is still a time (a lease meant to never end has no end)."""
+MAX_DURATION_HOURS = 876_000
+"""100 years: ``87600000h`` (a typo for 10 years) is refused rather than overflowing every
+reader of the lease."""
+MAX_GRACE_SECONDS = 2_592_000
+"""30 days: ``onExpiry.gracePeriodSeconds`` at most (the CRD's maximum too)."""
+MAX_PRIORITY = 2**31 - 1
+"""``spec.priority`` is an int32, as a PriorityClass's value is."""
+MAX_COUNT_MILLI = 10**12
 
 
 def parse_time(raw: Any) -> datetime | None:
-    """An RFC 3339 date-time (``2026-11-27T18:00:00Z``) as an aware UTC datetime; None if invalid."""
-    if not isinstance(raw, str) or "T" not in raw.upper():
+    """An RFC 3339 date-time (``2026-11-27T18:00:00Z``) as an aware UTC datetime; None if invalid
+    or outside [EARLIEST, LATEST) (``time_problem`` says which)."""
+    if not isinstance(raw, str) or "T" not in raw.upper() or len(raw) > 64:
         return None
     try:
-        moment = datetime.fromisoformat(raw.replace("z", "Z"))
-    except ValueError:
+        moment = datetime.fromisoformat(raw.replace("z", "Z")).astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
-    if moment.tzinfo is None:
+    if moment.tzinfo is None or not EARLIEST <= moment < LATEST:
         return None
-    return moment.astimezone(UTC)
+    return moment
+
+
+def time_problem(raw: Any) -> str | None:
+    """Why ``raw`` is not a window edge (None: it is one)."""
+    if parse_time(raw) is not None:
+        return None
+    shown = repr(raw)[:70]
+    if isinstance(raw, str) and "T" in raw.upper() and len(raw) <= 64:
+        try:
+            datetime.fromisoformat(raw.replace("z", "Z")).astimezone(UTC)
+        except (ValueError, OverflowError):
+            pass
+        else:
+            return (
+                f"{shown} is outside {until(EARLIEST)} .. {until(LATEST)} (a lease without end has "
+                "no window.end and no duration)"
+            )
+    return f"{shown} is not an RFC 3339 date-time (2026-11-27T18:00:00Z)"
 
 
 def parse_duration(raw: Any) -> timedelta | None:
-    """``72h``, ``8h30m``, ``90m``, ``45s``: hours, minutes, seconds (Go's form, whole units)."""
-    if not isinstance(raw, str) or not raw:
+    """``72h``, ``8h30m``, ``90m``, ``45s``: hours, minutes, seconds (Go's form, whole units);
+    None when not that form, not positive, or longer than MAX_DURATION_HOURS."""
+    if not isinstance(raw, str) or not raw or len(raw) > 32:
         return None
     match = _DURATION.match(raw)
     if match is None:
         return None
     seconds = int(match["h"] or 0) * 3600 + int(match["m"] or 0) * 60 + int(match["s"] or 0)
-    return timedelta(seconds=seconds) if seconds > 0 else None
+    if not 0 < seconds <= MAX_DURATION_HOURS * 3600:
+        return None
+    return timedelta(seconds=seconds)
 
 
 def parse_count(raw: Any) -> int | None:
     """GPU-equivalents (``8``, ``0.5``, ``"2500m"``) -> milli-GPU; None when not a positive amount
-    with at most milli precision."""
+    with at most milli precision (and at most MAX_COUNT_MILLI)."""
     if isinstance(raw, bool):
         return None
     if isinstance(raw, float):
         raw = repr(raw)
+    if isinstance(raw, str) and len(raw) > 32:
+        return None
+    if isinstance(raw, int) and not 0 < raw <= MAX_COUNT_MILLI:
+        return None
     try:
         value = Fraction(parse_quantity(raw))
-    except QuantityError:
+    except (QuantityError, ValueError, TypeError, OverflowError):
         return None
     milli = value * 1000
-    if milli <= 0 or milli.denominator != 1 or milli > 10**12:
+    if milli <= 0 or milli.denominator != 1 or milli > MAX_COUNT_MILLI:
         return None
     return int(milli)
+
+
+def whole_number(raw: Any, low: int, high: int) -> bool:
+    return isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high
 
 
 def lease_problems(obj: Any) -> list[str]:
@@ -228,7 +270,9 @@ def lease_problems(obj: Any) -> list[str]:
     if "count" not in spec:
         problems.append("spec.count: required, the GPU-equivalents leased (e.g. 8, or 0.5)")
     elif parse_count(spec.get("count")) is None:
-        problems.append(f"spec.count: {spec.get('count')!r} is not a positive amount with at most 3 decimals")
+        problems.append(
+            f"spec.count: {repr(spec.get('count'))[:40]} is not a positive amount with at most 3 decimals"
+        )
     window = spec.get("window")
     start = end = None
     if window is not None:
@@ -241,27 +285,26 @@ def lease_problems(obj: Any) -> list[str]:
                 if key not in ("start", "end")
             )
             for key in ("start", "end"):
-                if key in window and parse_time(window[key]) is None:
-                    problems.append(
-                        f"spec.window.{key}: {window[key]!r} is not an RFC 3339 date-time "
-                        "(2026-11-27T18:00:00Z)"
-                    )
+                problem = time_problem(window[key]) if key in window else None
+                if problem is not None:
+                    problems.append(f"spec.window.{key}: {problem}")
             start, end = parse_time(window.get("start")), parse_time(window.get("end"))
             if start is not None and end is not None and end <= start:
                 problems.append("spec.window.end: must be after spec.window.start")
     if "duration" in spec:
         if parse_duration(spec["duration"]) is None:
             problems.append(
-                f"spec.duration: {spec['duration']!r} is not a positive duration (72h, 8h30m, 90m)"
+                f"spec.duration: {repr(spec['duration'])[:40]} is not a positive duration of at most "
+                f"{MAX_DURATION_HOURS}h (72h, 8h30m, 90m)"
             )
         if isinstance(window, Mapping) and "end" in window:
             problems.append("spec.duration: give spec.window.end or spec.duration, not both")
     problems.extend(selector_problems(spec.get("podSelector"), "spec.podSelector"))
     priority = spec.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        problems.append(f"spec.priority: {priority!r} is not a whole number")
+    if priority is not None and not whole_number(priority, -MAX_PRIORITY - 1, MAX_PRIORITY):
+        problems.append(f"spec.priority: {repr(priority)[:40]} is not a whole number that fits an int32")
     for key, kind in (("enforcement", Enforcement), ("overflow", Overflow)):
-        if key in spec and spec[key] not in {e.value for e in kind}:
+        if key in spec and not _one_of(kind, spec[key]):
             problems.append(f"spec.{key}: {spec[key]!r} is not one of {', '.join(e.value for e in kind)}")
     expiry = spec.get("onExpiry")
     if expiry is not None:
@@ -273,13 +316,16 @@ def lease_problems(obj: Any) -> list[str]:
                 for key in expiry
                 if key not in ("action", "gracePeriodSeconds")
             )
-            if "action" in expiry and expiry["action"] not in {e.value for e in ExpiryAction}:
+            if "action" in expiry and not _one_of(ExpiryAction, expiry["action"]):
                 problems.append(
                     f"spec.onExpiry.action: {expiry['action']!r} is not one of StopAdmitting, Evict"
                 )
             grace = expiry.get("gracePeriodSeconds")
-            if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
-                problems.append(f"spec.onExpiry.gracePeriodSeconds: {grace!r} is not a whole number >= 0")
+            if grace is not None and not whole_number(grace, 0, MAX_GRACE_SECONDS):
+                problems.append(
+                    f"spec.onExpiry.gracePeriodSeconds: {repr(grace)[:40]} is not a whole number "
+                    f"from 0 to {MAX_GRACE_SECONDS} (30 days)"
+                )
     return problems
 
 
@@ -359,11 +405,11 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
         start=start,
         end=end,
         selector=compile_selector(spec.get("podSelector")) if not problems else (),
-        priority=_int(spec.get("priority"), 0),
+        priority=_bounded(spec.get("priority"), -MAX_PRIORITY - 1, MAX_PRIORITY, 0),
         enforcement=_enum(Enforcement, spec.get("enforcement"), Enforcement.Deny),
         overflow=_enum(Overflow, spec.get("overflow"), Overflow.none),
         on_expiry=_enum(ExpiryAction, expiry.get("action"), ExpiryAction.StopAdmitting),
-        grace_seconds=_int(expiry.get("gracePeriodSeconds"), DEFAULT_GRACE_SECONDS),
+        grace_seconds=_bounded(expiry.get("gracePeriodSeconds"), 0, MAX_GRACE_SECONDS, DEFAULT_GRACE_SECONDS),
         deleting=metadata.get("deletionTimestamp") is not None,
         finalized=isinstance(finalizers, list) and FINALIZER in finalizers,
         generation=generation if isinstance(generation, int) else 0,
@@ -371,15 +417,18 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
     )
 
 
-def _int(raw: Any, default: int) -> int:
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) else default
+def _bounded(raw: Any, low: int, high: int, default: int) -> int:
+    """A whole number in [low, high], else ``default``: a lease that skipped validation still
+    holds only values every reader can compute with."""
+    return raw if whole_number(raw, low, high) else default
+
+
+def _one_of(kind: Any, raw: Any) -> bool:
+    return isinstance(raw, str) and raw in {e.value for e in kind}
 
 
 def _enum(kind: Any, raw: Any, default: Any) -> Any:
-    try:
-        return kind(raw)
-    except ValueError:
-        return default
+    return kind(raw) if _one_of(kind, raw) else default
 
 
 def namespace_of_lease(lease: Any) -> str:

@@ -44,7 +44,11 @@ def test_printer_columns_answer_how_much_is_left_and_until_when() -> None:
     columns = {c["name"]: c["jsonPath"] for c in _version()["additionalPrinterColumns"]}
     assert columns["Model"] == ".spec.gpuModel" and columns["GPUs"] == ".spec.count"
     assert columns["Used"] == ".status.used" and columns["Phase"] == ".status.phase"
+    assert columns["Free"] == ".status.free"
     assert columns["Ends"] == ".status.windowEnd" and "Age" in columns
+    types = {c["name"]: c["type"] for c in _version()["additionalPrinterColumns"]}
+    # kubectl prints a date column as the time since it: a window's end ahead is "<invalid>".
+    assert types["Ends"] == "string"
 
 
 def test_spec_fields_and_enums_are_the_models() -> None:
@@ -94,6 +98,12 @@ INVALID = [
     (lease(enforcement="Reject"), "spec.enforcement"),
     (lease(onExpiry={"action": "Kill"}), "spec.onExpiry.action"),
     (lease(podSelector={"matchExpressions": [{"key": "a", "operator": "Near"}]}), "spec.podSelector"),
+    # What the code cannot compute with (the window's edges are CEL's: tests/e2e/test_leases_e2e.py).
+    (lease(duration="87600000h"), "spec.duration"),
+    (lease(onExpiry={"action": "Evict", "gracePeriodSeconds": 2592001}), "spec.onExpiry.gracePeriodSeconds"),
+    (lease(priority=2**31), "spec.priority"),
+    (lease(count=10**10), "spec.count"),
+    (lease(count="12345678901234m"), "spec.count"),
 ]
 
 

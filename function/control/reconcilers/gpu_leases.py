@@ -130,6 +130,7 @@ def desired_status(lease: Lease, usage: Usage, now: datetime, observed: Observed
         "used": gpus(usage.used),
         "queued": gpus(usage.queued),
         "overage": gpus(overage),
+        "free": gpus(max(lease.count - usage.used, 0) if phase in (Phase.Pending, Phase.Active) else 0),
         "overflow": gpus(usage.overflow),
         "pods": usage.pods,
         "consumed": {"gpuHours": hours_text(hours), "since": time_text(now)},
