@@ -101,9 +101,21 @@ EVENT_EXTENSIONS: Final = ("outcome", "podnamespace", "mutators")
 """Extension attributes every decision event carries, for broker Trigger filters."""
 DEFAULT_EVENT_SOURCE: Final = "/castslice/webhook"
 LEASE_EVENT_TYPE_PREFIX: Final = "io.castops.castslice.gpulease"
-LEASE_STEPS: Final = ("Activated", "OverCommitted", "Expired", "Released")
+LEASE_STEPS: Final = (
+    "Activated",
+    "OverCommitted",
+    "Expired",
+    "Released",
+    "Invalid",
+    "PodsOutliveLease",
+    "Evicted",
+    "EvictionBlocked",
+    "FinalizerBlocks",
+    "Queued",
+)
 LEASE_EVENT_TYPES: Final = {step: f"{LEASE_EVENT_TYPE_PREFIX}.{step.lower()}.v1" for step in LEASE_STEPS}
-"""One CloudEvent type per GpuLease lifecycle step the lease controller emits, versioned."""
+"""One CloudEvent type per GpuLease step the lease controller emits, versioned: the lease's
+lifecycle, and what it did to one of its Pods (the last four)."""
 CONTROL_EVENT_SOURCE: Final = "/castslice/control"
 
 # --- The castslice command --------------------------------------------------------------------

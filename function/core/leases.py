@@ -71,6 +71,8 @@ class Phase(StrEnum):
     Active = "Active"
     Expired = "Expired"
     Released = "Released"
+    Invalid = "Invalid"
+    """A lease with problems (it skipped validation): nothing is charged to it."""
 
 
 # -- label selectors ------------------------------------------------------------------------------
@@ -356,6 +358,12 @@ class Lease:
     generation: int = 0
     problems: tuple[str, ...] = ()
     """Invalid fields (a lease that skipped validation): nothing is charged to it."""
+    version: str = field(default="", compare=False)
+    """metadata.resourceVersion: the controller's status writes are made at it (a stale view's
+    write is refused, never applied over a newer status)."""
+    status: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The object's status as written (the controller computes the next one from it, so GPU-hours
+    stay exact whoever leads)."""
 
     @property
     def key(self) -> str:
@@ -364,6 +372,8 @@ class Lease:
     def phase(self, now: datetime) -> Phase:
         if self.deleting:
             return Phase.Released
+        if self.problems:
+            return Phase.Invalid
         if self.start is not None and now < self.start:
             return Phase.Pending
         if self.end is not None and now >= self.end:
@@ -395,6 +405,7 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
     assert isinstance(expiry, Mapping)
     finalizers = metadata.get("finalizers")
     generation = metadata.get("generation")
+    status = obj.get("status")
     return Lease(
         namespace=sys.intern(str(metadata.get("namespace") or "")),
         name=str(metadata.get("name") or ""),
@@ -414,6 +425,8 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
         finalized=isinstance(finalizers, list) and FINALIZER in finalizers,
         generation=generation if isinstance(generation, int) else 0,
         problems=problems,
+        version=str(metadata.get("resourceVersion") or ""),
+        status=status if isinstance(status, Mapping) else {},
     )
 
 
@@ -453,6 +466,10 @@ class ChargedPod(NamedTuple):
     """metadata.creationTimestamp as written (RFC 3339 sorts as text)."""
     terminating: bool
     owner_kind: str = ""
+    finalizers: tuple[str, ...] = ()
+    """metadata.finalizers: what keeps a terminating Pod stored (and on its node) past its grace."""
+    deleted_at: str = ""
+    """metadata.deletionTimestamp as written: when a terminating Pod's grace period ends."""
 
     @property
     def lease_key(self) -> str:
@@ -509,7 +526,13 @@ def slim_charged_pod(obj: Mapping[str, Any]) -> ChargedPod | None:
         created=str(metadata.get("creationTimestamp") or ""),
         terminating=metadata.get("deletionTimestamp") is not None,
         owner_kind=controller_of(metadata).kind,
+        finalizers=_finalizers(metadata.get("finalizers")),
+        deleted_at=str(metadata.get("deletionTimestamp") or ""),
     )
+
+
+def _finalizers(raw: Any) -> tuple[str, ...]:
+    return tuple(sys.intern(f) for f in raw if isinstance(f, str)) if isinstance(raw, list) else ()
 
 
 def charged_pod_key(obj: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ from cloudevents.http import CloudEvent
 from function.audit.command import parse_when
 from function.audit.consumer import AuditStore, InvalidEvent, Query, event_problems
 from function.cli import main
+from function.contract import LEASE_STEPS
 from tests.support.audit import START, event_for
 
 
@@ -225,7 +226,7 @@ def test_since_accepts_durations_and_times() -> None:
 # -- the lease controller's lifecycle events --------------------------------------------------------
 def lifecycle(step: str, status: dict[str, Any] | None = None) -> Any:
     """A lifecycle event exactly as `castslice control` emits it (WireEvent)."""
-    from function.control.reconcilers.gpu_leases import lifecycle_event
+    from function.control.reconcilers.gpu_leases import Step, lifecycle_event
     from function.core.leases import slim_lease
 
     lease = slim_lease(
@@ -241,10 +242,10 @@ def lifecycle(step: str, status: dict[str, Any] | None = None) -> Any:
     )
     assert lease is not None
     status = status or {"phase": "Active", "used": "9", "queued": "0", "overage": "1", "pods": 9}
-    return lifecycle_event(step, lease, status)
+    return lifecycle_event(Step(step, lease, status, f"the lease's {step}"))
 
 
-@pytest.mark.parametrize("step", ["Activated", "OverCommitted", "Expired", "Released"])
+@pytest.mark.parametrize("step", LEASE_STEPS)
 def test_every_gpulease_lifecycle_event_the_controller_emits_is_accepted_once(
     store: AuditStore, step: str
 ) -> None:

@@ -1,16 +1,17 @@
-"""Lifecycle CloudEvents of a GpuLease: what the audit stream carries (attributes filters see, a
-small data payload with no Pod in it)."""
+"""GpuLease steps as CloudEvents: what the audit stream carries (attributes filters see, a small
+data payload naming at most the Pod a step is about)."""
 
 from __future__ import annotations
 
 import json
 
-from function.control.reconcilers.gpu_leases import lifecycle_event
-from function.core.leases import slim_lease
+from function.audit.consumer import event_problems
+from function.control.reconcilers.gpu_leases import Step, lifecycle_event
+from function.core.leases import Lease, slim_charged_pod, slim_lease
 
 
-def test_a_lifecycle_step_is_a_versioned_cloudevent_about_the_lease() -> None:
-    lease = slim_lease(
+def lease() -> Lease:
+    record = slim_lease(
         {
             "metadata": {
                 "name": "h100",
@@ -21,8 +22,13 @@ def test_a_lifecycle_step_is_a_versioned_cloudevent_about_the_lease() -> None:
             "spec": {"gpuModel": "H100", "count": 8},
         }
     )
-    assert lease is not None
-    event = lifecycle_event("OverCommitted", lease, {"phase": "Active", "used": "9", "overage": "1"})
+    assert record is not None
+    return record
+
+
+def test_a_lifecycle_step_is_a_versioned_cloudevent_about_the_lease() -> None:
+    status = {"phase": "Active", "used": "9", "overage": "1"}
+    event = lifecycle_event(Step("OverCommitted", lease(), status, "9 GPU admitted of 8 leased (1 over)"))
     attributes = event.attributes
     assert attributes["type"] == "io.castops.castslice.gpulease.overcommitted.v1"
     assert attributes["subject"] == "ml/h100" and attributes["source"] == "/castslice/control"
@@ -31,4 +37,24 @@ def test_a_lifecycle_step_is_a_versioned_cloudevent_about_the_lease() -> None:
     data = json.loads(event.data)
     assert data["step"] == "OverCommitted" and data["count"] == "8"
     assert data["status"]["overage"] == "1" and data["lease"]["model"] == "H100"
+    assert data["message"] == "9 GPU admitted of 8 leased (1 over)" and "pod" not in data
     assert len(event.data) < 1024
+
+
+def test_a_pods_step_names_the_pod_and_nothing_more_of_it() -> None:
+    pod = slim_charged_pod(
+        {
+            "metadata": {
+                "name": "train-1",
+                "namespace": "ml",
+                "uid": "p1",
+                "labels": {"castops.io/gpu-lease": "h100"},
+                "annotations": {"castops.io/gpu-lease-charge": "1000m"},
+            }
+        }
+    )
+    step = Step("EvictionBlocked", lease(), {}, "refused by a PodDisruptionBudget", pod)
+    event = json.loads(lifecycle_event(step).structured())
+    assert event["type"] == "io.castops.castslice.gpulease.evictionblocked.v1"
+    assert event["data"]["pod"] == {"namespace": "ml", "name": "train-1", "uid": "p1"}
+    assert event_problems(event) == []  # the reference consumer's check, against the schema

@@ -1,17 +1,28 @@
-"""The lease reconciler over a static view with an injected clock and a fake apiserver: phases,
-status applied only on change (and as Server-Side Apply, so other managers' conditions survive),
-the finalizer and release on delete, ungating oldest first by priority and never past the count,
-eviction after the grace period, and over-admission reported."""
+"""The lease reconciler over a view with an injected clock and a fake apiserver that keeps the
+lease's status as the real one does (each apply a new resourceVersion, shown by the next view):
+phases, status applied only on change, at the object's resourceVersion and computed from the
+object's own status (so GPU-hours stay exact across leaders, for bound Pods only), the finalizer and
+release on delete, ungating oldest first by priority and never past the count, eviction after the
+grace period and what refuses it, the Events a tenant reads, and nothing done from a view that
+has not listed."""
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from function.control.reconciler import Context
-from function.control.reconcilers.gpu_leases import FIELD_MANAGER, LeaseReconciler
+from function.control.reconcilers.gpu_leases import (
+    BOUND_PODS,
+    CONFLICT_RETRY,
+    FIELD_MANAGER,
+    NOT_SYNCED_RETRY,
+    LeaseReconciler,
+    Step,
+)
 from function.core.leases import (
     CHARGE_ANNOTATION,
     CHARGED_PODS,
@@ -23,12 +34,13 @@ from function.core.leases import (
     slim_charged_pod,
     slim_lease,
 )
-from function.core.view import StaticView
+from function.core.view import IndexState, StaticView, View
 from function.kube.client import APPLY_PATCH, ApiResponse
 from tests.support.fake_api import FakeApi
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 LEASE = "/apis/castops.io/v1alpha1/namespaces/ml/gpuleases/h100"
+SPECS = (LEASES, CHARGED_PODS, BOUND_PODS)
 
 
 def lease_obj(finalized: bool = True, deleting: bool = False, **spec: Any) -> dict[str, Any]:
@@ -38,6 +50,7 @@ def lease_obj(finalized: bool = True, deleting: bool = False, **spec: Any) -> di
         "uid": "lease-uid",
         "creationTimestamp": "2026-11-25T00:00:00Z",
         "generation": 1,
+        "resourceVersion": "1",
     }
     if finalized:
         metadata["finalizers"] = [FINALIZER]
@@ -47,7 +60,13 @@ def lease_obj(finalized: bool = True, deleting: bool = False, **spec: Any) -> di
 
 
 def pod(
-    n: int, milli: int = 1000, state: str = "charged", priority: int = 0, created: str = ""
+    n: int,
+    milli: int = 1000,
+    state: str = "charged",
+    priority: int = 0,
+    created: str = "",
+    bound: bool = True,
+    **metadata: Any,
 ) -> dict[str, Any]:
     annotations = {CHARGE_ANNOTATION: f"{milli}m"}
     if priority:
@@ -60,37 +79,71 @@ def pod(
             "labels": {LEASE_LABEL: "h100", STATE_LABEL: state},
             "annotations": annotations,
             "creationTimestamp": created or f"2026-11-25T10:00:{n:02d}Z",
-        }
+            **metadata,
+        },
+        "spec": {"nodeName": "gpu-1"} if bound and state != "queued" else {},
     }
 
 
-def view(lease: dict[str, Any] | None, pods: list[dict[str, Any]] = ()) -> StaticView:
-    leases = {} if lease is None else {"lease-uid": slim_lease(lease)}
-    return StaticView(
-        {LEASES.index: leases, CHARGED_PODS.index: {CHARGED_PODS.key(p): slim_charged_pod(p) for p in pods}},
-        specs=(LEASES, CHARGED_PODS),
-    )
+class Cluster(FakeApi):
+    """The fake apiserver holding the lease and its Pods; ``view()`` is what the watches show of
+    them now (the bound Pods are those with a node)."""
 
-
-class Api(FakeApi):
-    """The fake apiserver, with the lease stored and applies answered as the apiserver would."""
-
-    def __init__(self, status: dict[str, Any] | None = None) -> None:
+    def __init__(self, lease: dict[str, Any] | None, pods: list[dict[str, Any]] = ()) -> None:
         super().__init__()
-        self.objects[LEASE] = {"metadata": {"name": "h100", "resourceVersion": "1"}, "status": status or {}}
+        self.lease = copy.deepcopy(lease)
+        self.pods = [copy.deepcopy(p) for p in pods]
         self.handlers[("PATCH", LEASE + "/status")] = self._apply_status
-        self.handlers[("PATCH", LEASE)] = lambda body, query: ApiResponse(200, body)
+        self.handlers[("PATCH", LEASE)] = self._apply_metadata
         self.evicted: list[str] = []
+        self.refuse_eviction = ""
         self.patched_pods: list[tuple[str, Any]] = []
+
+    def view(self, synced: bool = True) -> View:
+        leases = {} if self.lease is None else {"lease-uid": slim_lease(self.lease)}
+        charged = {CHARGED_PODS.key(p): slim_charged_pod(p) for p in self.pods}
+        bound = {k: r for k, r in charged.items() if self._pod(r.name)["spec"].get("nodeName")}
+        states = {
+            LEASES.index: IndexState.build(leases, LEASES),
+            CHARGED_PODS.index: IndexState.build(charged, CHARGED_PODS),
+            BOUND_PODS.index: IndexState.build(bound, BOUND_PODS, synced=synced),
+        }
+        return View(states)
+
+    def _pod(self, name: str) -> dict[str, Any]:
+        return next(p for p in self.pods if p["metadata"]["name"] == name)
+
+    def _bump(self) -> None:
+        assert self.lease is not None
+        self.lease["metadata"]["resourceVersion"] = str(int(self.lease["metadata"]["resourceVersion"]) + 1)
 
     def _apply_status(self, body: Any, query: Any) -> ApiResponse:
         assert query == {"fieldManager": FIELD_MANAGER, "force": "true"}
-        self.objects[LEASE]["status"] = body["status"]
-        return ApiResponse(200, self.objects[LEASE])
+        if self.lease is None:
+            return ApiResponse(404, {"message": "not found"})
+        wanted = body["metadata"].get("resourceVersion")
+        if wanted and wanted != self.lease["metadata"]["resourceVersion"]:
+            return ApiResponse(409, {"message": "the object has been modified"})
+        self.lease["status"] = body["status"]
+        self._bump()
+        return ApiResponse(200, self.lease)
+
+    def _apply_metadata(self, body: Any, query: Any) -> ApiResponse:
+        if self.lease is None:
+            return ApiResponse(404, {"message": "not found"})
+        assert body["metadata"]["uid"] == self.lease["metadata"]["uid"]
+        self.lease["metadata"]["finalizers"] = body["metadata"].get("finalizers", [])
+        self._bump()
+        return ApiResponse(200, self.lease)
 
     def request(self, method: str, path: str, **kwargs: Any) -> ApiResponse:
         if path.endswith("/eviction"):
-            self.evicted.append(path.split("/")[-2])
+            name = path.split("/")[-2]
+            self.requests.append((method, path, kwargs.get("body"), ""))
+            if self.refuse_eviction:
+                return ApiResponse(429, {"message": self.refuse_eviction})
+            self.evicted.append(name)
+            self._pod(name)["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:30Z"
             return ApiResponse(201, {})
         if method == "PATCH" and "/pods/" in path:
             self.patched_pods.append((path.split("/")[-1], kwargs.get("body")))
@@ -105,151 +158,314 @@ class Api(FakeApi):
             body for method, path, body, _ in self.requests if method == "PATCH" and path.endswith("/status")
         ]
 
-    def events(self) -> list[str]:
-        return [body["reason"] for method, path, body, _ in self.requests if path.endswith("/events")]
+    def events(self) -> list[dict[str, Any]]:
+        return [body for method, path, body, _ in self.requests if path.endswith("/events")]
+
+    def reasons(self) -> list[str]:
+        return [event["reason"] for event in self.events()]
+
+    def status(self) -> dict[str, Any]:
+        assert self.lease is not None
+        return self.lease.get("status") or {}
 
 
-def reconcile(r: LeaseReconciler, v: StaticView, now: datetime = NOW) -> Any:
-    return r.reconcile("ml/h100", Context(v, now))
+def reconcile(r: LeaseReconciler, cluster: Cluster, now: datetime = NOW) -> Any:
+    return r.reconcile("ml/h100", Context(cluster.view(), now))
+
+
+def conditions(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in cluster.status()["conditions"]}
 
 
 def test_status_is_applied_with_the_arithmetic_and_only_when_it_changes() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
-    v = view(lease_obj(duration="24h"), [pod(1), pod(2, 500)])
-    reconcile(r, v)
-    (applied,) = api.status_applies()
+    cluster = Cluster(lease_obj(duration="24h"), [pod(1), pod(2, 500)])
+    r = LeaseReconciler(cluster)
+    reconcile(r, cluster)
+    (applied,) = cluster.status_applies()
     status = applied["status"]
-    assert (status["phase"], status["used"], status["pods"], status["overage"]) == ("Active", "1.5", 2, "0")
-    assert status["windowEnd"] == "2026-11-26T00:00:00Z"
+    assert (status["phase"], status["used"], status["free"], status["pods"]) == ("Active", "1.5", "2.5", 2)
+    assert status["overage"] == "0" and status["windowEnd"] == "2026-11-26T00:00:00Z"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Active": "True",
         "OverCommitted": "False",
+        "Valid": "True",
+        "PodsOutliveLease": "False",
     }
-    assert api.events() == ["Activated"]
-    reconcile(r, v, NOW + timedelta(seconds=30))
-    assert len(api.status_applies()) == 1  # nothing changed: no write
-    reconcile(r, v, NOW + timedelta(minutes=10))  # but the GPU-hours move on every 10 minutes
-    assert api.status_applies()[-1]["status"]["consumed"]["gpuHours"] == "0.250"
+    assert applied["metadata"]["resourceVersion"] == "1"  # at the version the view showed
+    assert cluster.reasons() == ["Activated"]
+    reconcile(r, cluster, NOW + timedelta(seconds=30))
+    assert len(cluster.status_applies()) == 1  # nothing changed: no write
+    reconcile(r, cluster, NOW + timedelta(minutes=10))  # but the GPU-hours move on every 10 minutes
+    assert cluster.status()["consumed"]["gpuHours"] == "0.250000"
 
 
 def test_another_managers_condition_is_not_in_our_apply() -> None:
-    api = Api({"conditions": [{"type": "Audited", "status": "True"}]})
-    reconcile(LeaseReconciler(api), view(lease_obj()))
-    (applied,) = api.status_applies()
+    cluster = Cluster({**lease_obj(), "status": {"conditions": [{"type": "Audited", "status": "True"}]}})
+    reconcile(LeaseReconciler(cluster), cluster)
+    (applied,) = cluster.status_applies()
     # Server-Side Apply with only our conditions: the apiserver keeps the other manager's by type.
-    assert [c["type"] for c in applied["status"]["conditions"]] == ["Active", "OverCommitted"]
-    (status_patch,) = [r for r in api.requests if r[0] == "PATCH" and r[1].endswith("/status")]
+    assert [c["type"] for c in applied["status"]["conditions"]] == [
+        "Active",
+        "OverCommitted",
+        "Valid",
+        "PodsOutliveLease",
+    ]
+    (status_patch,) = [r for r in cluster.requests if r[0] == "PATCH" and r[1].endswith("/status")]
     assert status_patch[3] == APPLY_PATCH
 
 
-def test_gpu_hours_add_up_exactly_between_changes() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
-    reconcile(r, view(lease_obj(), [pod(1), pod(2)]))
-    reconcile(r, view(lease_obj(), [pod(1)]), NOW + timedelta(hours=3))
-    assert api.status_applies()[-1]["status"]["consumed"]["gpuHours"] == "6.000"  # 2 GPU x 3 h
+def test_gpu_hours_add_up_exactly_between_changes_for_bound_pods_only() -> None:
+    cluster = Cluster(lease_obj(), [pod(1), pod(2), pod(3, bound=False)])
+    r = LeaseReconciler(cluster)
+    reconcile(r, cluster)
+    assert cluster.status()["consumed"]["running"] == "2" and cluster.status()["used"] == "3"
+    cluster.pods = cluster.pods[:1] + cluster.pods[2:]  # p2 leaves after 3 hours
+    reconcile(r, cluster, NOW + timedelta(hours=3))
+    # 2 GPU bound for 3 h; the Pending Pod is charged (used) but accrues nothing.
+    assert cluster.status()["consumed"]["gpuHours"] == "6.000000"
+    reconcile(r, cluster, NOW + timedelta(hours=4))
+    assert cluster.status()["consumed"]["gpuHours"] == "7.000000"
+
+
+def test_gpu_hours_stay_exact_across_leaders_whose_memory_starts_empty() -> None:
+    """Each new leader is a new reconciler (nothing of the last term kept): the hours come from
+    the object's status, so two handovers still add up to the true integral."""
+    cluster = Cluster(lease_obj(), [pod(1), pod(2)])
+    reconcile(LeaseReconciler(cluster), cluster)
+    reconcile(LeaseReconciler(cluster), cluster, NOW + timedelta(hours=1))  # the second leader
+    cluster.pods = cluster.pods[:1]
+    reconcile(LeaseReconciler(cluster), cluster, NOW + timedelta(hours=2))  # the third: p2 left
+    reconcile(LeaseReconciler(cluster), cluster, NOW + timedelta(hours=3))
+    # 2 GPU x 2 h + 1 GPU x 1 h, however many leaders wrote it (the rest is RESYNC_SECONDS apart).
+    assert cluster.status()["consumed"]["gpuHours"] == "5.000000"
+
+
+def test_a_status_computed_from_a_stale_view_is_refused_not_written() -> None:
+    cluster = Cluster(lease_obj(), [pod(1)])
+    r = LeaseReconciler(cluster)
+    stale = cluster.view()  # before our first write
+    reconcile(r, cluster)
+    written = copy.deepcopy(cluster.status())
+    cluster.pods.append(pod(2))  # a change: the next status differs
+    requeue = r.reconcile("ml/h100", Context(stale, NOW + timedelta(minutes=20)))
+    assert requeue.after == CONFLICT_RETRY
+    assert cluster.status() == written  # the newer status stands
+    reconcile(r, cluster, NOW + timedelta(minutes=20))  # once the view has caught up
+    assert cluster.status()["used"] == "2" and cluster.status()["consumed"]["gpuHours"] == "0.333333"
 
 
 def test_phases_move_with_the_clock_and_the_timer_is_the_next_boundary() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
-    lease = lease_obj(window={"start": "2026-11-25T13:00:00Z", "end": "2026-11-25T15:00:00Z"})
-    requeue = reconcile(r, view(lease))
-    assert api.status_applies()[-1]["status"]["phase"] == "Pending"
+    cluster = Cluster(lease_obj(window={"start": "2026-11-25T13:00:00Z", "end": "2026-11-25T15:00:00Z"}))
+    r = LeaseReconciler(cluster)
+    requeue = reconcile(r, cluster)
+    assert cluster.status()["phase"] == "Pending" and cluster.status()["free"] == "4"
     assert 3600 <= requeue.after <= 3601
-    requeue = reconcile(r, view(lease), NOW + timedelta(hours=1))
-    assert api.status_applies()[-1]["status"]["phase"] == "Active"
+    requeue = reconcile(r, cluster, NOW + timedelta(hours=1))
+    assert cluster.status()["phase"] == "Active"
     assert 7200 <= requeue.after <= 7201
-    requeue = reconcile(r, view(lease), NOW + timedelta(hours=3))
-    assert api.status_applies()[-1]["status"]["phase"] == "Expired"
+    requeue = reconcile(r, cluster, NOW + timedelta(hours=3))
+    assert cluster.status()["phase"] == "Expired" and cluster.status()["free"] == "0"
     assert requeue.after is None
-    assert api.events() == ["Activated", "Expired"]
+    assert cluster.reasons() == ["Activated", "Expired"]
 
 
 def test_over_admission_is_reported_as_overage_condition_event_and_metric() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
+    cluster = Cluster(lease_obj(), [pod(i) for i in range(6)])
+    r = LeaseReconciler(cluster)
     registry = CollectorRegistry()
     r.register(registry)
-    emitted: list[str] = []
-    r.emit = lambda step, lease, status: emitted.append(step)
-    reconcile(r, view(lease_obj(), [pod(i) for i in range(6)]))
-    status = api.status_applies()[-1]["status"]
+    emitted: list[Step] = []
+    r.emit = emitted.append
+    reconcile(r, cluster)
+    status = cluster.status()
     assert status["overage"] == "2"
-    over = next(c for c in status["conditions"] if c["type"] == "OverCommitted")
+    over = conditions(cluster)["OverCommitted"]
     assert over["status"] == "True" and "6 GPU admitted of 4 leased (2 over)" in over["message"]
-    assert "OverCommitted" in api.events() and emitted == ["Activated", "OverCommitted"]
+    assert "OverCommitted" in cluster.reasons()
+    assert [step.step for step in emitted] == ["Activated", "OverCommitted"]
     metrics = generate_latest(registry).decode()
     assert 'castslice_gpulease_overage_gpus{lease="h100",model="H100",namespace="ml"} 2.0' in metrics
 
 
 def test_queue_mode_ungates_by_priority_then_age_and_never_past_the_count() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
     pods = [
         pod(1, 2000, "charged"),
         pod(2, 1000, "queued", created="2026-11-25T09:00:00Z"),
         pod(3, 1000, "queued", priority=10, created="2026-11-25T11:00:00Z"),
         pod(4, 1000, "queued", created="2026-11-25T10:00:00Z"),
     ]
-    v = view(lease_obj(enforcement="Queue"), pods)
-    reconcile(r, v)
-    assert [name for name, _ in api.patched_pods] == ["p3", "p2"]  # priority first, then the oldest
-    _, patch = api.patched_pods[0]
+    cluster = Cluster(lease_obj(enforcement="Queue"), pods)
+    r = LeaseReconciler(cluster)
+    reconcile(r, cluster)
+    assert [name for name, _ in cluster.patched_pods] == ["p3", "p2"]  # priority first, then the oldest
+    _, patch = cluster.patched_pods[0]
     assert patch["spec"]["schedulingGates"] == [{"$patch": "delete", "name": "castops.io/gpu-lease"}]
     assert patch["metadata"]["labels"] == {STATE_LABEL: "charged"}
     # The view does not show the ungating yet: a second reconcile must not start p4.
-    reconcile(r, v, NOW + timedelta(seconds=1))
-    assert [name for name, _ in api.patched_pods] == ["p3", "p2"]
-    assert api.status_applies()[-1]["status"]["used"] == "4"
+    reconcile(r, cluster, NOW + timedelta(seconds=1))
+    assert [name for name, _ in cluster.patched_pods] == ["p3", "p2"]
+    assert cluster.status()["used"] == "4"
+    # p4 waits, and its Pod says so once (with its place in the queue and why).
+    (queued,) = [e for e in cluster.events() if e["reason"] == "Queued"]
+    assert queued["involvedObject"]["name"] == "p4" and queued["related"]["name"] == "h100"
+    assert "position 1 of 1" in queued["message"] and "4 of 4 GPU in use" in queued["message"]
 
 
-def test_evict_on_expiry_after_the_grace_period() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
+def test_queued_pods_before_the_window_say_they_wait_for_its_start() -> None:
+    lease = lease_obj(enforcement="Queue", window={"start": "2026-11-25T13:00:00Z"})
+    cluster = Cluster(lease, [pod(1, state="queued"), pod(2, state="queued")])
+    reconcile(LeaseReconciler(cluster), cluster)
+    assert cluster.patched_pods == []
+    messages = {
+        e["involvedObject"]["name"]: e["message"] for e in cluster.events() if e["reason"] == "Queued"
+    }
+    assert "position 1 of 2" in messages["p1"] and "position 2 of 2" in messages["p2"]
+    assert all("window starts at 2026-11-25T13:00:00Z" in m for m in messages.values())
+
+
+def test_evict_on_expiry_after_the_grace_period_with_an_event_on_the_pod() -> None:
     lease = lease_obj(
         window={"end": "2026-11-25T12:00:00Z"}, onExpiry={"action": "Evict", "gracePeriodSeconds": 60}
     )
-    requeue = reconcile(r, view(lease, [pod(1)]))
-    assert api.evicted == [] and 60 <= requeue.after <= 61
-    reconcile(r, view(lease, [pod(1)]), NOW + timedelta(seconds=61))
-    assert api.evicted == ["p1"]
+    cluster = Cluster(lease, [pod(1)])
+    r = LeaseReconciler(cluster)
+    emitted: list[Step] = []
+    r.emit = emitted.append
+    requeue = reconcile(r, cluster)
+    assert cluster.evicted == [] and 60 <= requeue.after <= 61
+    reconcile(r, cluster, NOW + timedelta(seconds=61))
+    assert cluster.evicted == ["p1"]
+    (evicted,) = [e for e in cluster.events() if e["reason"] == "Evicted"]
+    assert evicted["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ml",
+        "name": "p1",
+        "uid": "uid-1",
+    }
+    assert "window ended at 2026-11-25T12:00:00Z" in evicted["message"]
+    assert any(step.step == "Evicted" and step.pod is not None for step in emitted)
 
 
-def test_stop_admitting_expiry_evicts_nothing() -> None:
-    api = Api()
-    reconcile(LeaseReconciler(api), view(lease_obj(window={"end": "2026-11-25T11:00:00Z"}), [pod(1)]))
-    assert api.evicted == []
+def test_an_eviction_a_pdb_refuses_is_told_once_and_shown_until_the_pods_go() -> None:
+    lease = lease_obj(
+        window={"end": "2026-11-25T11:00:00Z"}, onExpiry={"action": "Evict", "gracePeriodSeconds": 0}
+    )
+    cluster = Cluster(lease, [pod(1), pod(2)])
+    cluster.refuse_eviction = "Cannot evict pod as it would violate the pod's disruption budget."
+    r = LeaseReconciler(cluster)
+    for seconds in (0, 5, 10):
+        requeue = reconcile(r, cluster, NOW + timedelta(seconds=seconds))
+        assert requeue.after is not None and requeue.after <= 5.1  # tried again soon
+    assert cluster.reasons().count("EvictionBlocked") == 2  # one per Pod, not one per try
+    outlive = conditions(cluster)["PodsOutliveLease"]
+    assert outlive["status"] == "True" and outlive["reason"] == "EvictionBlocked"
+    assert "2 eviction(s) refused by a PodDisruptionBudget" in outlive["message"]
+    assert cluster.status()["used"] == "2"  # what runs is still counted
+    assert cluster.reasons().count("PodsOutliveLease") == 1
+    cluster.refuse_eviction = ""
+    reconcile(r, cluster, NOW + timedelta(seconds=15))
+    cluster.pods = []
+    reconcile(r, cluster, NOW + timedelta(seconds=20))
+    assert conditions(cluster)["PodsOutliveLease"]["status"] == "False"
 
 
-def test_a_new_lease_gets_our_finalizer_by_server_side_apply() -> None:
-    api = Api()
-    reconcile(LeaseReconciler(api), view(lease_obj(finalized=False)))
-    (apply,) = [r for r in api.requests if r[0] == "PATCH" and r[1] == LEASE]
+def test_a_pod_a_finalizer_keeps_past_its_grace_is_told() -> None:
+    stuck = pod(1, deletionTimestamp="2026-11-25T11:30:00Z", finalizers=["example.com/keep"])
+    cluster = Cluster(lease_obj(deleting=True), [stuck])
+    r = LeaseReconciler(cluster)
+    reconcile(r, cluster)
+    (blocked,) = [e for e in cluster.events() if e["reason"] == "FinalizerBlocks"]
+    assert "example.com/keep" in blocked["message"] and blocked["type"] == "Warning"
+    assert conditions(cluster)["PodsOutliveLease"]["reason"] == "FinalizerBlocks"
+    assert cluster.lease is not None and cluster.lease["metadata"]["finalizers"] == [FINALIZER]
+
+
+def test_stop_admitting_expiry_evicts_nothing_and_says_the_pods_run_on() -> None:
+    cluster = Cluster(lease_obj(window={"end": "2026-11-25T11:00:00Z"}), [pod(1)])
+    reconcile(LeaseReconciler(cluster), cluster)
+    assert cluster.evicted == []
+    outlive = conditions(cluster)["PodsOutliveLease"]
+    assert outlive["status"] == "True" and outlive["reason"] == "StopAdmitting"
+
+
+def test_a_new_lease_gets_our_finalizer_by_server_side_apply_naming_its_uid() -> None:
+    cluster = Cluster(lease_obj(finalized=False))
+    reconcile(LeaseReconciler(cluster), cluster)
+    (apply,) = [r for r in cluster.requests if r[0] == "PATCH" and r[1] == LEASE]
     assert apply[2]["metadata"]["finalizers"] == [FINALIZER] and apply[3] == APPLY_PATCH
+    assert apply[2]["metadata"]["uid"] == "lease-uid"
 
 
 def test_a_deleted_lease_evicts_its_pods_then_gives_up_its_finalizer() -> None:
-    api = Api()
-    r = LeaseReconciler(api)
-    deleted = lease_obj(deleting=True)
-    requeue = reconcile(r, view(deleted, [pod(1), pod(2, state="queued")]))
-    assert sorted(api.evicted) == ["p1", "p2"] and requeue.after == 2.0
-    assert not [x for x in api.requests if x[0] == "PATCH" and x[1] == LEASE]
-    assert api.status_applies()[-1]["status"]["phase"] == "Released"
-    reconcile(r, view(deleted, []))
-    (apply,) = [x for x in api.requests if x[0] == "PATCH" and x[1] == LEASE]
+    cluster = Cluster(lease_obj(deleting=True), [pod(1), pod(2, state="queued")])
+    r = LeaseReconciler(cluster)
+    requeue = reconcile(r, cluster)
+    assert sorted(cluster.evicted) == ["p1", "p2"] and requeue.after is not None
+    assert not [x for x in cluster.requests if x[0] == "PATCH" and x[1] == LEASE]
+    status = cluster.status()
+    assert status["phase"] == "Released" and status["used"] == "1"  # not 0 while its Pods are there
+    assert conditions(cluster)["PodsOutliveLease"]["status"] == "True"
+    cluster.pods = []
+    reconcile(r, cluster)
+    (apply,) = [x for x in cluster.requests if x[0] == "PATCH" and x[1] == LEASE]
     assert "finalizers" not in apply[2]["metadata"]  # applied without it: ours is removed
-    assert "Released" in api.events()
+    assert "Released" in cluster.reasons()
+
+
+def test_nothing_is_released_evicted_or_ungated_from_a_view_that_has_not_listed() -> None:
+    cluster = Cluster(lease_obj(deleting=True), [pod(1)])
+    r = LeaseReconciler(cluster)
+    requeue = r.reconcile("ml/h100", Context(cluster.view(synced=False), NOW))
+    assert requeue.after == NOT_SYNCED_RETRY
+    assert cluster.requests == []
+
+
+def test_an_invalid_lease_is_reported_and_never_acted_on() -> None:
+    bad = lease_obj(
+        finalized=False,
+        enforcement="Queue",
+        duration="87600000h",
+        onExpiry={"action": "Evict", "gracePeriodSeconds": 0},
+    )
+    cluster = Cluster(bad, [pod(1, state="queued")])
+    r = LeaseReconciler(cluster)
+    registry = CollectorRegistry()
+    r.register(registry)
+    reconcile(r, cluster, NOW + timedelta(days=3650 * 2))
+    assert cluster.status()["phase"] == "Invalid" and cluster.status()["free"] == "0"
+    valid = conditions(cluster)["Valid"]
+    assert valid["status"] == "False" and "spec.duration" in valid["message"]
+    assert cluster.reasons() == ["Invalid"]
+    assert cluster.patched_pods == [] and cluster.evicted == []
+    assert not [x for x in cluster.requests if x[0] == "PATCH" and x[1] == LEASE]  # no finalizer
+    assert 'castslice_gpulease_invalid{lease="h100",model="H100",namespace="ml"} 1.0' in (
+        generate_latest(registry).decode()
+    )
+
+
+def test_a_lost_lead_drops_the_terms_memory_and_gauges() -> None:
+    cluster = Cluster(lease_obj(enforcement="Queue"), [pod(1, state="queued")])
+    r = LeaseReconciler(cluster)
+    registry = CollectorRegistry()
+    r.register(registry)
+    reconcile(r, cluster)
+    assert r._ungated and "castslice_gpulease_used_gpus{" in generate_latest(registry).decode()
+    r.forget_term()
+    assert not r._ungated and not r._told
+    assert "castslice_gpulease_used_gpus{" not in generate_latest(registry).decode()
 
 
 def test_a_lease_gone_from_the_view_is_done() -> None:
-    assert LeaseReconciler(Api()).reconcile("ml/h100", Context(view(None), NOW)).after is None
+    cluster = Cluster(None)
+    assert LeaseReconciler(cluster).reconcile("ml/h100", Context(cluster.view(), NOW)).after is None
 
 
 def test_triggers_map_leases_and_their_pods_to_the_lease_key() -> None:
-    r = LeaseReconciler(Api())
+    r = LeaseReconciler(Cluster(None))
     assert list(r.triggers(LEASES.index, slim_lease(lease_obj()))) == ["ml/h100"]
     assert list(r.triggers(CHARGED_PODS.index, slim_charged_pod(pod(1)))) == ["ml/h100"]
-    assert list(r.keys(view(lease_obj()))) == ["ml/h100"]
+    assert list(r.triggers(BOUND_PODS.index, slim_charged_pod(pod(1)))) == ["ml/h100"]
+    assert list(r.keys(StaticView({LEASES.index: {"u": slim_lease(lease_obj())}}, specs=SPECS))) == [
+        "ml/h100"
+    ]

@@ -2,20 +2,31 @@
 releases on delete, Eviction on ``Evict`` expiry, ungating in ``Queue`` mode, and over-admission.
 
 One key per lease (``namespace/name``), made due by the lease and by every Pod charged to it (the
-watch selects Pods by the label ``castops.io/gpu-lease``), and by a timer at its next boundary
-(window start, window end, end + grace). Each reconcile, from the view and ``ctx.now`` only:
+watches select Pods by the label ``castops.io/gpu-lease``: all of them, and apart those bound to a
+node), and by a timer at its next boundary (window start, window end, end + grace). Each reconcile
+works from the view and ``ctx.now`` only, and does nothing before every watch it reads has listed
+(a lease whose Pods are not listed yet would look empty: released, its Pods never evicted):
 
 1. a deleted lease (Released): evict its Pods (Eviction API, PDBs respected), and once none is
    left remove our finalizer; otherwise make sure our finalizer is on it;
 2. ``Queue`` and Active: remove the scheduling gate of queued Pods, highest priority first, then
-   oldest, while they fit; what this process ungated counts until the view shows it (so two
+   oldest, while they fit; what this leader ungated counts until the view shows it (so two
    reconciles in a row never ungate past the count: Queue mode is never over);
 3. ``Evict`` and expired for ``gracePeriodSeconds``: evict the lease's Pods;
-4. status (``phase``, ``used``, ``queued``, ``overage``, ``pods``, the window, GPU-hours, the
-   ``Active`` and ``OverCommitted`` conditions) applied with field manager ``castslice-control``
-   only when it differs from what the object shows, so another manager's conditions survive;
-5. a lifecycle step (Activated, OverCommitted, Expired, Released) is an Event on the lease and a
-   CloudEvent on the audit stream.
+4. status (``phase``, ``used``, ``free``, ``queued``, ``overage``, ``pods``, the window, GPU-hours,
+   the conditions ``Active``, ``OverCommitted``, ``Valid`` and ``PodsOutliveLease``) computed from
+   the status the object shows and applied, at the object's resourceVersion, with field manager
+   ``castslice-control`` only when it differs, so another manager's conditions survive and a
+   status computed from a stale view is refused rather than written;
+5. what a tenant would ask about is an Event (on the lease, or on the Pod it is about) and a
+   CloudEvent on the audit stream: the lifecycle (Activated, OverCommitted, Expired, Released,
+   Invalid, PodsOutliveLease), each eviction (Evicted, EvictionBlocked by a PodDisruptionBudget,
+   FinalizerBlocks: a Pod's finalizer keeps it past its grace), each queued Pod (Queued: its
+   position and why it waits).
+
+GPU-hours: ``consumed`` holds the hours up to ``since`` and what was bound to a node then
+(``running``); each write adds running x elapsed, so the figure is exact across writes and leaders
+(nothing of it lives in a process) and counts scheduled Pods only, not Pods still Pending.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -41,6 +52,7 @@ from function.core.leases import (
     GATE,
     GROUP,
     KIND,
+    LEASE_LABEL,
     LEASES,
     PLURAL,
     QUEUED,
@@ -52,8 +64,11 @@ from function.core.leases import (
     Lease,
     Phase,
     Usage,
+    by_lease,
     gpus,
     parse_time,
+    slim_charged_pod,
+    tally_charge,
     until,
     usage_from,
 )
@@ -69,88 +84,174 @@ EVENT_SOURCE = CONTROL_EVENT_SOURCE
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 RESYNC_SECONDS = 600.0
 """Every lease is reconciled at least this often (GPU-hours move on; a missed event is repaired)."""
+NOT_SYNCED_RETRY = 1.0
+"""A lease reconciled while a watch it reads has not listed yet is looked at again this soon."""
+CONFLICT_RETRY = 0.5
+"""After a write refused at a resourceVersion the view had not caught up with (our own last one)."""
+OUTLIVE_RETRY = 5.0
+"""While Pods outlive their lease (eviction refused, or slow), how often the leader tries again."""
+HOURS = Decimal("0.000001")
+"""GPU-hours are written to a millionth of an hour (3.6 ms of one GPU): each write adds to the last
+one, so a coarser rounding would add up over the writes."""
+
+BOUND_PODS = WatchSpec(
+    index="gpu-lease-pods-bound",
+    group="",
+    version="v1",
+    plural="pods",
+    kind="Pod",
+    metadata_only=True,
+    slim=slim_charged_pod,
+    key=CHARGED_PODS.key,
+    group_by=by_lease,
+    label_selector=LEASE_LABEL,
+    field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+    tally=tally_charge,
+)
+"""The charged Pods bound to a node (the controller's own watch: GPU-hours accrue for these only;
+a Pod leaves the selector, arriving as DELETED, when it finishes or is deleted)."""
 
 
 def hours_text(value: Decimal) -> str:
-    return f"{value.quantize(Decimal('0.001')):f}"
+    return f"{value.quantize(HOURS):f}"
 
 
 def time_text(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else ""
 
 
-@dataclass(frozen=True)
-class Observed:
-    """What the lease's status shows now (the part this controller owns)."""
+def _milli(raw: Any) -> int | None:
+    """A status amount (``"1.5"``) in milli-GPU; None when missing or not one."""
+    if not isinstance(raw, str) or not raw or len(raw) > 24:
+        return None
+    try:
+        value = Decimal(raw) * 1000
+    except InvalidOperation:
+        return None
+    return int(value) if value.is_finite() and value >= 0 else None
 
-    phase: str = ""
-    used: str = ""
+
+def _mapping(raw: Any) -> Mapping[str, Any]:
+    return raw if isinstance(raw, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """``status.consumed`` as the object shows it: hours up to ``since``, and the milli-GPU bound
+    to nodes from then on."""
+
     gpu_hours: Decimal = Decimal(0)
     since: datetime | None = None
-    conditions: Mapping[str, str] = None  # type: ignore[assignment]
+    running: int = 0
 
     @classmethod
-    def of(cls, status: Any) -> Observed:
-        status = status if isinstance(status, Mapping) else {}
-        consumed = status.get("consumed") if isinstance(status.get("consumed"), Mapping) else {}
-        assert isinstance(consumed, Mapping)
+    def of(cls, status: Mapping[str, Any]) -> Consumed:
+        consumed = _mapping(status.get("consumed"))
         try:
             hours = Decimal(str(consumed.get("gpuHours") or "0"))
-        except ArithmeticError:
+        except InvalidOperation:
             hours = Decimal(0)
-        conditions = {
-            str(c.get("type")): str(c.get("status"))
-            for c in status.get("conditions") or ()
-            if isinstance(c, Mapping)
-        }
-        return cls(
-            str(status.get("phase") or ""),
-            str(status.get("used") or ""),
-            hours,
-            parse_time(consumed.get("since")),
-            conditions,
-        )
+        if not hours.is_finite() or hours < 0:
+            hours = Decimal(0)
+        running = _milli(consumed.get("running"))
+        if running is None:  # written before running was: what was used then
+            running = _milli(status.get("used")) or 0
+        return cls(hours, parse_time(consumed.get("since")), running)
+
+    def hours_at(self, now: datetime) -> Decimal:
+        if self.since is None or now <= self.since:
+            return self.gpu_hours
+        elapsed = Decimal((now - self.since).total_seconds()) / Decimal(3600)
+        return self.gpu_hours + Decimal(self.running) / 1000 * elapsed
 
 
-def desired_status(lease: Lease, usage: Usage, now: datetime, observed: Observed) -> dict[str, Any]:
-    """The status fields this controller owns (pure). GPU-hours: ``used`` has been constant since
-    ``consumed.since`` (it is written whenever it changes), so adding used x elapsed is exact."""
+def conditions_of(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {str(c.get("type")): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+
+
+@dataclass(frozen=True)
+class Outliving:
+    """The lease's Pods still there after it ended (expired with Evict past the grace, released,
+    or expired with StopAdmitting), by what keeps them."""
+
+    pods: int = 0
+    refused: int = 0
+    """Evictions a PodDisruptionBudget refused."""
+    finalized: int = 0
+    """Pods past their deletion grace period that a finalizer keeps."""
+    since: datetime | None = None
+    stop_admitting: bool = False
+
+    def message(self) -> str:
+        if not self.pods:
+            return "no Pod of the lease outlives it"
+        when = f" since {until(self.since)}" if self.since is not None else ""
+        if self.stop_admitting:
+            return f"{self.pods} Pod(s) still run{when}: onExpiry StopAdmitting lets them finish"
+        parts = []
+        if self.refused:
+            parts.append(f"{self.refused} eviction(s) refused by a PodDisruptionBudget")
+        if self.finalized:
+            parts.append(f"{self.finalized} held by a finalizer past their grace period")
+        rest = self.pods - self.refused - self.finalized
+        if rest:
+            parts.append(f"{rest} being evicted")
+        return f"{self.pods} Pod(s) outlive the lease{when}: " + ", ".join(parts)
+
+    def reason(self) -> str:
+        if not self.pods:
+            return "NoPods"
+        if self.stop_admitting:
+            return "StopAdmitting"
+        if self.refused:
+            return "EvictionBlocked"
+        return "FinalizerBlocks" if self.finalized else "Evicting"
+
+
+def desired_status(
+    lease: Lease, usage: Usage, running: int, now: datetime, outliving: Outliving = Outliving()
+) -> dict[str, Any]:
+    """The status fields this controller owns (pure), computed from the status the object shows
+    (``lease.status``): GPU-hours add what was running since the last write."""
     phase = lease.phase(now)
-    hours = observed.gpu_hours
-    if observed.since is not None and observed.used:
-        try:
-            previous = Decimal(observed.used)
-        except ArithmeticError:
-            previous = Decimal(0)
-        elapsed = Decimal(max((now - observed.since).total_seconds(), 0.0)) / Decimal(3600)
-        hours += previous * elapsed
+    hours = Consumed.of(lease.status).hours_at(now)
     overage = max(usage.used - lease.count, 0)
+    previous = conditions_of(lease.status)
+    messages = {
+        Phase.Pending: f"the window starts at {until(lease.start)}",
+        Phase.Active: f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use until {until(lease.end)}",
+        Phase.Expired: f"the window ended at {until(lease.end)}",
+        Phase.Released: "the lease was deleted; its Pods are released",
+        Phase.Invalid: "invalid, nothing is charged to it: " + "; ".join(lease.problems),
+    }
+
+    def condition(kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
+        status = "True" if true else "False"
+        shown = previous.get(kind) or {}
+        # The transition time moves only when the status flips (a fresh one otherwise would make
+        # every reconcile a change).
+        moved = shown.get("status") != status or not shown.get("lastTransitionTime")
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "observedGeneration": lease.generation,
+            "lastTransitionTime": time_text(now) if moved else shown["lastTransitionTime"],
+        }
+
     status: dict[str, Any] = {
         "phase": phase.value,
         "used": gpus(usage.used),
+        "free": gpus(max(lease.count - usage.used, 0) if phase in (Phase.Pending, Phase.Active) else 0),
         "queued": gpus(usage.queued),
         "overage": gpus(overage),
-        "free": gpus(max(lease.count - usage.used, 0) if phase in (Phase.Pending, Phase.Active) else 0),
         "overflow": gpus(usage.overflow),
         "pods": usage.pods,
-        "consumed": {"gpuHours": hours_text(hours), "since": time_text(now)},
+        "consumed": {"gpuHours": hours_text(hours), "since": time_text(now), "running": gpus(running)},
         "observedGeneration": lease.generation,
         "conditions": [
-            condition(
-                "Active",
-                phase == Phase.Active,
-                phase.value,
-                {
-                    Phase.Pending: f"the window starts at {until(lease.start)}",
-                    Phase.Active: f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use"
-                    f" until {until(lease.end)}",
-                    Phase.Expired: f"the window ended at {until(lease.end)}",
-                    Phase.Released: "the lease was deleted; its Pods are released",
-                }[phase],
-                lease.generation,
-                now,
-                observed,
-            ),
+            condition("Active", phase == Phase.Active, phase.value, messages[phase]),
             condition(
                 "OverCommitted",
                 overage > 0,
@@ -158,10 +259,14 @@ def desired_status(lease: Lease, usage: Usage, now: datetime, observed: Observed
                 f"{gpus(usage.used)} GPU admitted of {gpus(lease.count)} leased ({gpus(overage)} over)"
                 if overage
                 else f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use",
-                lease.generation,
-                now,
-                observed,
             ),
+            condition(
+                "Valid",
+                not lease.problems,
+                "InvalidSpec" if lease.problems else "Valid",
+                messages[Phase.Invalid] if lease.problems else "the spec is valid",
+            ),
+            condition("PodsOutliveLease", outliving.pods > 0, outliving.reason(), outliving.message()),
         ],
     }
     if lease.start is not None:
@@ -171,46 +276,22 @@ def desired_status(lease: Lease, usage: Usage, now: datetime, observed: Observed
     return status
 
 
-def condition(
-    kind: str,
-    true: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: datetime,
-    observed: Observed,
-) -> dict[str, Any]:
-    status = "True" if true else "False"
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        # The transition time moves only when the status flips (a fresh one otherwise would make
-        # every reconcile a change).
-        "lastTransitionTime": time_text(now) if (observed.conditions or {}).get(kind) != status else "",
-    }
-
-
-def differs(desired: Mapping[str, Any], current: Any) -> bool:
+def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether ``desired`` is worth applying: it changes what the object shows (GPU-hours alone
     only every RESYNC_SECONDS; transition times that did not move are no change)."""
-    current = current if isinstance(current, Mapping) else {}
     for key, value in desired.items():
         if key == "consumed":
-            shown = current.get("consumed") if isinstance(current.get("consumed"), Mapping) else {}
-            assert isinstance(shown, Mapping)
+            shown = _mapping(current.get("consumed"))
+            if shown.get("running") != value["running"]:
+                return True
             # GPU-hours grow while anything runs: written with the other changes, and on their
-            # own at most every RESYNC_SECONDS (exact either way: ``used`` held since ``since``).
+            # own at most every RESYNC_SECONDS (exact either way: ``running`` held since ``since``).
             since = parse_time(shown.get("since"))
             now = parse_time(value["since"])
             if since is None or now is None or (now - since).total_seconds() >= RESYNC_SECONDS:
                 return True
         elif key == "conditions":
-            shown_conditions = {
-                c.get("type"): c for c in current.get("conditions") or () if isinstance(c, Mapping)
-            }
+            shown_conditions = conditions_of(current)
             for wanted in value:
                 shown = shown_conditions.get(wanted["type"]) or {}
                 if any(
@@ -222,23 +303,14 @@ def differs(desired: Mapping[str, Any], current: Any) -> bool:
     return False
 
 
-def with_transition_times(desired: dict[str, Any], current: Any) -> dict[str, Any]:
-    """Keep the transition time the object shows for a condition that did not flip."""
-    current = current if isinstance(current, Mapping) else {}
-    shown = {c.get("type"): c for c in current.get("conditions") or () if isinstance(c, Mapping)}
-    for wanted in desired["conditions"]:
-        if not wanted["lastTransitionTime"]:
-            wanted["lastTransitionTime"] = (shown.get(wanted["type"]) or {}).get("lastTransitionTime") or ""
-        if not wanted["lastTransitionTime"]:
-            wanted["lastTransitionTime"] = desired["consumed"]["since"]
-    return desired
-
-
 def queue_order(pod: ChargedPod) -> tuple[int, str, str]:
     return (-pod.priority, pod.created, pod.name)
 
 
 class LeaseMetrics:
+    """Per lease, on the leader only: a replica that stops leading removes every series (a former
+    leader's figures would otherwise stay, and an alert on them keep firing)."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["namespace", "lease", "model"]
         self.capacity = Gauge(
@@ -256,30 +328,88 @@ class LeaseMetrics:
             labels,
             registry=registry,
         )
+        self.invalid = Gauge(
+            "castslice_gpulease_invalid",
+            "1 for a GpuLease whose spec is invalid (it skipped validation): nothing is charged to it.",
+            labels,
+            registry=registry,
+        )
+        self.outliving = Gauge(
+            "castslice_gpulease_outliving_pods",
+            "Pods of a GpuLease that has ended (expired, or deleted) still there.",
+            labels,
+            registry=registry,
+        )
+        self._gauges = (self.capacity, self.used, self.queued, self.overage, self.invalid, self.outliving)
 
-    def show(self, lease: Lease, usage: Usage) -> None:
+    def show(self, lease: Lease, usage: Usage, outliving: Outliving) -> None:
         labels = (lease.namespace, lease.name, lease.model)
         self.capacity.labels(*labels).set(lease.count / 1000)
         self.used.labels(*labels).set(usage.used / 1000)
         self.queued.labels(*labels).set(usage.queued / 1000)
         self.overage.labels(*labels).set(max(usage.used - lease.count, 0) / 1000)
+        self.invalid.labels(*labels).set(1 if lease.problems else 0)
+        self.outliving.labels(*labels).set(outliving.pods)
 
     def forget(self, namespace: str, name: str) -> None:
-        for gauge in (self.capacity, self.used, self.queued, self.overage):
+        for gauge in self._gauges:
             for labels in list(gauge._metrics):
                 if labels[:2] == (namespace, name):
                     gauge.remove(*labels)
 
+    def clear(self) -> None:
+        for gauge in self._gauges:
+            gauge.clear()
 
-Emit = Callable[[str, Lease, Mapping[str, Any]], None]
+
+@dataclass(frozen=True)
+class Subject:
+    """What an Event is about: the lease, or one of its Pods."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of_lease(cls, lease: Lease) -> Subject:
+        return cls(KIND, API_VERSION, lease.namespace, lease.name, lease.uid)
+
+    @classmethod
+    def of_pod(cls, pod: ChargedPod) -> Subject:
+        return cls("Pod", "v1", pod.namespace, pod.name, pod.uid)
+
+    def reference(self) -> dict[str, str]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+Emit = Callable[["Step"], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing that happened to a lease or one of its Pods: an Event and a CloudEvent."""
+
+    step: str
+    lease: Lease
+    status: Mapping[str, Any]
+    message: str
+    pod: ChargedPod | None = None
 
 
 class LeaseReconciler:
     name: str = NAME
-    watches: tuple[WatchSpec, ...] = (LEASES, CHARGED_PODS)
+    watches: tuple[WatchSpec, ...] = (LEASES, CHARGED_PODS, BOUND_PODS)
     permissions: tuple[Permission, ...] = (
-        # get: the status once per lease (the view keeps none); patch: our finalizer, by apply.
-        Permission(GROUP, PLURAL, ("get", "patch")),
+        # patch: our finalizer, by apply (the view has the lease; no get).
+        Permission(GROUP, PLURAL, ("patch",)),
         Permission(GROUP, f"{PLURAL}/status", ("patch",)),
         Permission("", "pods", ("patch",)),  # ungating: the gate and the state label
         Permission("", "pods/eviction", ("create",)),
@@ -289,15 +419,29 @@ class LeaseReconciler:
 
     def __init__(self, api: Api, emit: Emit | None = None) -> None:
         self.api = api
-        self.emit = emit or (lambda step, lease, data: None)
+        self.emit: Emit = emit or (lambda step: None)
         self.metrics: LeaseMetrics | None = None
+        # Memory of this term only (``forget_term`` drops it when the lead is lost): what a new
+        # leader needs is on the objects themselves.
         self._ungated: dict[str, tuple[str, int]] = {}
-        """Pod uid -> (lease key, charge) this process ungated, until the view shows them charged."""
-        self._statuses: dict[str, Any] = {}
-        """Lease key -> the status as last read or applied (the view keeps no status)."""
+        """Pod uid -> (lease key, charge) ungated by this leader, until the view shows them charged."""
+        self._told: dict[str, dict[tuple[str, str], str]] = {}
+        """Lease key -> (object uid, reason) -> what the last Event of that reason said (one
+        Event per change), kept for the lease and the Pods the view shows of it."""
+        self._refused: dict[str, str] = {}
+        """Pod uid -> the key of its lease, while its last eviction was refused (a
+        PodDisruptionBudget said no)."""
 
     def register(self, registry: CollectorRegistry) -> None:
         self.metrics = LeaseMetrics(registry)
+
+    def forget_term(self) -> None:
+        """The lead is lost: nothing of this term may be trusted by the next."""
+        self._ungated.clear()
+        self._told.clear()
+        self._refused.clear()
+        if self.metrics is not None:
+            self.metrics.clear()
 
     # -- the protocol ----------------------------------------------------------------------------
     def triggers(self, index: str, record: Record) -> Iterable[str]:
@@ -312,6 +456,8 @@ class LeaseReconciler:
 
     def reconcile(self, key: str, ctx: Context) -> Requeue:
         namespace, _, name = key.partition("/")
+        if not all(ctx.view.synced(spec.index) for spec in self.watches):
+            return Requeue(NOT_SYNCED_RETRY)  # a lease whose Pods are not listed yet looks empty
         lease = next(
             (
                 record
@@ -321,26 +467,46 @@ class LeaseReconciler:
             None,
         )
         if lease is None:
-            self._statuses.pop(key, None)
+            self._told.pop(key, None)
             if self.metrics is not None:
                 self.metrics.forget(namespace, name)
             return DONE
-        pods = [p for p in ctx.view.group(CHARGED_PODS.index, key).values() if isinstance(p, ChargedPod)]
-        if lease.deleting:
-            return self._release(lease, pods, ctx)
-        if not lease.finalized:
-            self._apply_finalizer(lease, keep=True)
+        pods = sorted(
+            (p for p in ctx.view.group(CHARGED_PODS.index, key).values() if isinstance(p, ChargedPod)),
+            key=queue_order,
+        )
+        self._forget_pods_gone(lease, pods)
         usage = self._usage(lease, ctx.view, pods)
-        if lease.enforcement == Enforcement.Queue and lease.phase(ctx.now) == Phase.Active:
-            usage = self._ungate(lease, pods, usage)
-        evict_at = self._evict_at(lease)
-        if evict_at is not None and ctx.now >= evict_at:
-            for pod in pods:
-                if not pod.terminating:
-                    self._evict(pod)
-        self._write_status(lease, usage, ctx.now)
+        running = self._running(lease, ctx.view)
+        phase = lease.phase(ctx.now)
+        steps: list[Step] = []
+        if lease.deleting:
+            steps += self._evict_all(lease, pods, ctx.now)
+        else:
+            if not lease.finalized and not lease.problems:
+                self._apply_finalizer(lease, keep=True)
+            if lease.enforcement == Enforcement.Queue and phase in (Phase.Active, Phase.Pending):
+                usage, queued_steps = self._ungate(lease, pods, usage, phase, ctx.now)
+                steps += queued_steps
+            evict_at = self._evict_at(lease)
+            if evict_at is not None and ctx.now >= evict_at:
+                steps += self._evict_all(lease, pods, ctx.now)
+        outliving = self._outliving(lease, pods, ctx.now)
+        desired = desired_status(lease, usage, running, ctx.now, outliving)
+        steps = self._lifecycle(lease, desired) + steps
+        for step in steps:
+            self._tell(step)
+        if differs(desired, lease.status) and not self._apply_status(lease, desired):
+            return Requeue(CONFLICT_RETRY)
         if self.metrics is not None:
-            self.metrics.show(lease, usage)
+            self.metrics.show(lease, usage, outliving)
+        if lease.deleting and not pods:
+            if lease.finalized:
+                self._apply_finalizer(lease, keep=False)
+            self._told.pop(key, None)
+            if self.metrics is not None:
+                self.metrics.forget(lease.namespace, lease.name)
+            return DONE
         return Requeue(self._next_boundary(lease, ctx.now, pods))
 
     # -- counting --------------------------------------------------------------------------------
@@ -349,7 +515,7 @@ class LeaseReconciler:
         usage = usage_from(tally(CHARGED_PODS.index, lease.key)) if callable(tally) else Usage()
         if not callable(tally):
             for pod in pods:
-                usage = usage.plus(usage_from(CHARGED_PODS.tally(pod) if CHARGED_PODS.tally else ()))
+                usage = usage.plus(usage_from(tally_charge(pod)))
         states = {pod.uid: pod.state for pod in pods}
         for uid, (lease_key, charge) in list(self._ungated.items()):
             if lease_key != lease.key:
@@ -361,39 +527,110 @@ class LeaseReconciler:
                 usage = usage.plus(Usage(used=charge, queued=-charge))
         return usage
 
+    def _running(self, lease: Lease, view: ClusterView) -> int:
+        """milli-GPU of the lease's Pods bound to a node (charged or admitted by Audit)."""
+        tally = getattr(view, "tally", None)
+        if callable(tally):
+            return usage_from(tally(BOUND_PODS.index, lease.key)).used
+        bound = view.group(BOUND_PODS.index, lease.key).values()
+        return sum(usage_from(tally_charge(pod)).used for pod in bound if isinstance(pod, ChargedPod))
+
+    def _forget_pods_gone(self, lease: Lease, pods: list[ChargedPod]) -> None:
+        """Per-Pod memory of Pods of this lease no longer in the view (bounded by the Pods there)."""
+        here = {pod.uid for pod in pods}
+        told = self._told.get(lease.key)
+        if told:
+            for said in [said for said in told if said[0] not in here and said[0] != lease.uid]:
+                del told[said]
+        for uid in [uid for uid, key in self._refused.items() if key == lease.key and uid not in here]:
+            del self._refused[uid]
+
     # -- Queue mode ------------------------------------------------------------------------------
-    def _ungate(self, lease: Lease, pods: list[ChargedPod], usage: Usage) -> Usage:
-        waiting = sorted(
-            (p for p in pods if p.state == QUEUED and p.uid not in self._ungated and not p.terminating),
-            key=queue_order,
-        )
+    def _ungate(
+        self, lease: Lease, pods: list[ChargedPod], usage: Usage, phase: Phase, now: datetime
+    ) -> tuple[Usage, list[Step]]:
+        waiting = [p for p in pods if p.state == QUEUED and p.uid not in self._ungated and not p.terminating]
+        left: list[tuple[ChargedPod, str]] = []
         for pod in waiting:
-            if usage.used + pod.charge > lease.count:
-                break  # strict order: a large Pod at the head is not starved by smaller ones behind it
-            patch = {
-                "metadata": {"labels": {STATE_LABEL: CHARGED}},
-                "spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]},
-            }
-            path = object_path("", "v1", "pods", pod.namespace, pod.name)
-            response = self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE)
-            if response.status == 404:
-                continue
-            if not response.ok:
-                raise ApiError(f"ungate pod {pod.namespace}/{pod.name}", response)
-            self._ungated[pod.uid] = (lease.key, pod.charge)
-            usage = usage.plus(Usage(used=pod.charge, queued=-pod.charge))
-            log.info(
-                "gpu lease %s: started %s/%s (%s GPU)", lease.key, pod.namespace, pod.name, gpus(pod.charge)
+            if left or phase != Phase.Active or usage.used + pod.charge > lease.count:
+                # Strict order: a large Pod at the head is not starved by smaller ones behind it.
+                if phase == Phase.Pending:
+                    why = f"the lease's window starts at {until(lease.start)}"
+                elif left:
+                    why = "a Pod ahead of it waits for room"
+                else:
+                    why = (
+                        f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use, "
+                        f"this Pod needs {gpus(pod.charge)}"
+                    )
+                left.append((pod, why))
+            elif self._start(lease, pod):
+                usage = usage.plus(Usage(used=pod.charge, queued=-pod.charge))
+        steps = [
+            Step(
+                "Queued",
+                lease,
+                {},
+                f"queued by gpu lease {lease.name}: position {position} of {len(left)} "
+                f"(priority, then age); waits because {why}",
+                pod,
             )
-        return usage
+            for position, (pod, why) in enumerate(left, start=1)
+        ]
+        return usage, steps
+
+    def _start(self, lease: Lease, pod: ChargedPod) -> bool:
+        patch = {
+            "metadata": {"labels": {STATE_LABEL: CHARGED}},
+            "spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]},
+        }
+        path = object_path("", "v1", "pods", pod.namespace, pod.name)
+        response = self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE)
+        if response.status == 404:
+            return False
+        if not response.ok:
+            raise ApiError(f"ungate pod {pod.namespace}/{pod.name}", response)
+        self._ungated[pod.uid] = (lease.key, pod.charge)
+        log.info("gpu lease %s: started %s/%s (%s GPU)", lease.key, pod.namespace, pod.name, gpus(pod.charge))
+        return True
 
     # -- expiry and release ----------------------------------------------------------------------
     def _evict_at(self, lease: Lease) -> datetime | None:
-        if lease.on_expiry != ExpiryAction.Evict or lease.end is None:
+        if lease.on_expiry != ExpiryAction.Evict or lease.end is None or lease.problems:
             return None
         return lease.end + timedelta(seconds=lease.grace_seconds)
 
-    def _evict(self, pod: ChargedPod) -> None:
+    def _evict_all(self, lease: Lease, pods: list[ChargedPod], now: datetime) -> list[Step]:
+        steps: list[Step] = []
+        why = (
+            "the lease was deleted"
+            if lease.deleting
+            else f"the lease's window ended at {until(lease.end)} (+{lease.grace_seconds}s grace)"
+        )
+        for pod in pods:
+            if pod.terminating:
+                blocked = self._finalizer_blocks(pod, now)
+                if blocked:
+                    steps.append(
+                        Step(
+                            "FinalizerBlocks",
+                            lease,
+                            {},
+                            f"evicted ({why}), but finalizer(s) {', '.join(pod.finalizers)} keep the Pod "
+                            f"past its grace period (deletion at {pod.deleted_at})",
+                            pod,
+                        )
+                    )
+                continue
+            steps += self._evict(lease, pod, why)
+        return steps
+
+    @staticmethod
+    def _finalizer_blocks(pod: ChargedPod, now: datetime) -> bool:
+        deadline = parse_time(pod.deleted_at)
+        return bool(pod.finalizers) and deadline is not None and now > deadline
+
+    def _evict(self, lease: Lease, pod: ChargedPod, why: str) -> list[Step]:
         path = object_path("", "v1", "pods", pod.namespace, pod.name, "eviction")
         body = {
             "apiVersion": "policy/v1",
@@ -401,28 +638,47 @@ class LeaseReconciler:
             "metadata": {"name": pod.name, "namespace": pod.namespace},
         }
         response = self.api.request("POST", path, body=body)
-        if response.status == 429:
-            log.info("eviction of %s/%s refused by a PodDisruptionBudget; retried", pod.namespace, pod.name)
-        elif not response.ok and response.status != 404:
+        if response.status == 429:  # a PodDisruptionBudget said no (for now)
+            detail = response.message()
+            self._refused[pod.uid] = lease.key
+            return [
+                Step(
+                    "EvictionBlocked",
+                    lease,
+                    {},
+                    f"eviction ({why}) refused by a PodDisruptionBudget: {detail}; retried",
+                    pod,
+                )
+            ]
+        if response.status == 404:
+            return []
+        if not response.ok:
             raise ApiError(f"evict pod {pod.namespace}/{pod.name}", response)
+        self._refused.pop(pod.uid, None)
+        return [Step("Evicted", lease, {}, f"evicted by gpu lease {lease.name}: {why}", pod)]
 
-    def _release(self, lease: Lease, pods: list[ChargedPod], ctx: Context) -> Requeue:
-        self._write_status(lease, Usage(), ctx.now)
-        remaining = [pod for pod in pods if not pod.terminating]
-        for pod in remaining:
-            self._evict(pod)
-        if pods:
-            return Requeue(2.0)  # until the view shows them gone
-        if lease.finalized:
-            self._apply_finalizer(lease, keep=False)
-        if self.metrics is not None:
-            self.metrics.forget(lease.namespace, lease.name)
-        return DONE
+    def _outliving(self, lease: Lease, pods: list[ChargedPod], now: datetime) -> Outliving:
+        if lease.deleting:
+            since = None
+        elif lease.phase(now) == Phase.Expired:
+            if lease.on_expiry == ExpiryAction.StopAdmitting:
+                return Outliving(len(pods), since=lease.end, stop_admitting=True) if pods else Outliving()
+            since = self._evict_at(lease)
+            if since is None or now < since:
+                return Outliving()
+        else:
+            return Outliving()
+        if not pods:
+            return Outliving()
+        refused = sum(1 for pod in pods if pod.uid in self._refused and not pod.terminating)
+        finalized = sum(1 for pod in pods if pod.terminating and self._finalizer_blocks(pod, now))
+        return Outliving(len(pods), refused, finalized, since)
 
     def _apply_finalizer(self, lease: Lease, keep: bool) -> None:
         """Our finalizer, by Server-Side Apply under its own field manager: applying without it
-        removes only ours (finalizers is a set; another controller's stay)."""
-        metadata: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace}
+        removes only ours (finalizers is a set; another controller's stay). The apply names the
+        object's uid, so an apply that comes after the lease was deleted cannot create another."""
+        metadata: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace, "uid": lease.uid}
         if keep:
             metadata["finalizers"] = [FINALIZER]
         body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata}
@@ -434,25 +690,19 @@ class LeaseReconciler:
             content_type=APPLY_PATCH,
             query={"fieldManager": FINALIZER_MANAGER, "force": "true"},
         )
-        if response.status == 404:
+        if response.status in (404, 409):  # gone, or another object under the name now
             return
         if not response.ok:
             raise ApiError(f"apply finalizer on gpulease {lease.key}", response)
 
     # -- status ----------------------------------------------------------------------------------
-    def _write_status(self, lease: Lease, usage: Usage, now: datetime) -> None:
-        current = self._status_of(lease)
-        observed = Observed.of(current)
-        desired = desired_status(lease, usage, now, observed)
-        if not differs(desired, current):
-            return
-        desired = with_transition_times(desired, current)
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": lease.name, "namespace": lease.namespace},
-            "status": desired,
-        }
+    def _apply_status(self, lease: Lease, desired: Mapping[str, Any]) -> bool:
+        """Apply at the resourceVersion the view shows: False when the object moved on since (the
+        view has not caught up with a write, ours or another's): computed again once it has."""
+        metadata: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace}
+        if lease.version:
+            metadata["resourceVersion"] = lease.version
+        body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "status": desired}
         path = object_path(GROUP, VERSION, PLURAL, lease.namespace, lease.name, "status")
         response = self.api.request(
             "PATCH",
@@ -462,93 +712,117 @@ class LeaseReconciler:
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
         )
         if response.status == 404:
-            return
+            return True
+        if response.status == 409:
+            return False
         if not response.ok:
             raise ApiError(f"apply status of gpulease {lease.key}", response)
-        self._statuses[lease.key] = response.body.get("status") or desired
-        self._lifecycle(lease, observed, desired)
+        return True
 
-    def _status_of(self, lease: Lease) -> Any:
-        """The status the object shows: read once per lease (the view keeps no status), then what
-        the last apply returned."""
-        known = self._statuses.get(lease.key)
-        if known is not None:
-            return known
-        response = self.api.request("GET", object_path(GROUP, VERSION, PLURAL, lease.namespace, lease.name))
-        status = response.body.get("status") if response.ok else None
-        self._statuses[lease.key] = status or {}
-        return self._statuses[lease.key]
+    def _lifecycle(self, lease: Lease, desired: Mapping[str, Any]) -> list[Step]:
+        """The lease's steps this status makes (told before it is applied: a leader that dies in
+        between leaves them to the next one to tell again, never untold)."""
+        steps: list[Step] = []
+        phase, shown = desired["phase"], lease.status.get("phase")
+        conditions = {c["type"]: c for c in desired["conditions"]}
+        if phase != shown:
+            step = {"Active": "Activated", "Expired": "Expired", "Released": "Released", "Invalid": "Invalid"}
+            if phase in step:
+                message = conditions["Active"]["message"]
+                if phase == "Invalid":
+                    message = conditions["Valid"]["message"]
+                steps.append(Step(step[phase], lease, desired, f"lease {phase.lower()}: {message}"))
+        for kind in ("OverCommitted", "PodsOutliveLease"):
+            wanted = conditions[kind]
+            before = conditions_of(lease.status).get(kind) or {}
+            if wanted["status"] == "True" and (
+                before.get("status") != "True" or before.get("reason") != wanted["reason"]
+            ):
+                steps.append(Step(kind, lease, desired, wanted["message"]))
+        return steps
 
-    def _lifecycle(self, lease: Lease, observed: Observed, desired: Mapping[str, Any]) -> None:
-        steps: list[tuple[str, str, str]] = []
-        phase = desired["phase"]
-        if phase != observed.phase:
-            step = {"Active": "Activated", "Expired": "Expired", "Released": "Released"}.get(phase)
-            if step:
-                steps.append(
-                    (step, "Normal", f"lease {phase.lower()}: {desired['conditions'][0]['message']}")
-                )
-        over = desired["conditions"][1]
-        if over["status"] == "True" and (observed.conditions or {}).get("OverCommitted") != "True":
-            steps.append(("OverCommitted", "Warning", over["message"]))
-        for step, kind, message in steps:
-            self._event(lease, step, kind, message)
-            self.emit(step, lease, desired)
+    def _tell(self, step: Step) -> None:
+        """An Event (on the Pod for a Pod's step, else on the lease) and a CloudEvent, once per
+        change of what it says in this term."""
+        subject = Subject.of_pod(step.pod) if step.pod is not None else Subject.of_lease(step.lease)
+        told = self._told.setdefault(step.lease.key, {})
+        # A queued Pod's position moves with every Pod started ahead of it: told again when why it
+        # waits changes, not for each position.
+        gist = step.message.split("; waits because ", 1)[-1] if step.step == "Queued" else step.message
+        if told.get((subject.uid, step.step)) == gist:
+            return
+        told[(subject.uid, step.step)] = gist
+        warning = step.step in ("OverCommitted", "Invalid", "EvictionBlocked", "FinalizerBlocks")
+        self._event(subject, step, "Warning" if warning else "Normal")
+        self.emit(step)
 
-    def _event(self, lease: Lease, reason: str, kind: str, message: str) -> None:
+    def _event(self, subject: Subject, step: Step, kind: str) -> None:
         now = time_text(datetime.now(UTC))
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{lease.name}.", "namespace": lease.namespace},
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": lease.name,
-                "namespace": lease.namespace,
-                "uid": lease.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
+            "metadata": {"generateName": f"{subject.name}.", "namespace": subject.namespace},
+            "involvedObject": subject.reference(),
+            "reason": step.step,
+            "message": step.message[:1024],
             "type": kind,
             "source": {"component": "castslice-control"},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
             "reportingComponent": "castslice-control",
+            "reportingInstance": "castslice-control",
         }
-        response = self.api.request("POST", collection_path("", "v1", "events", lease.namespace), body=body)
+        if step.pod is not None:
+            body["related"] = Subject.of_lease(step.lease).reference()
+        response = self.api.request("POST", collection_path("", "v1", "events", subject.namespace), body=body)
         if not response.ok:
-            log.warning("event %s on gpulease %s not written: %s", reason, lease.key, response.message())
+            log.warning(
+                "event %s on %s %s/%s not written: %s",
+                step.step,
+                subject.kind,
+                subject.namespace,
+                subject.name,
+                response.message(),
+            )
 
     def _next_boundary(self, lease: Lease, now: datetime, pods: list[ChargedPod]) -> float | None:
         moments = [lease.start, lease.end]
         evict_at = self._evict_at(lease)
         if evict_at is not None and pods:
-            moments.append(evict_at if evict_at > now else now + timedelta(seconds=5))
+            moments.append(evict_at if evict_at > now else now + timedelta(seconds=OUTLIVE_RETRY))
+        if lease.deleting and pods:
+            moments.append(now + timedelta(seconds=OUTLIVE_RETRY))
         ahead = [m for m in moments if m is not None and m > now]
         if not ahead:
             return None
         return max((min(ahead) - now).total_seconds(), 0.0) + 0.05
 
 
-def lifecycle_event(step: str, lease: Lease, status: Mapping[str, Any], source: str = EVENT_SOURCE) -> Any:
-    """A lifecycle CloudEvent for the audit stream (the same sinks as admission decisions)."""
+def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Any:
+    """A step as a CloudEvent for the audit stream (the same sinks as admission decisions): the
+    lease, the step, the status applied with it (a lease's step) or the Pod it is about."""
     from function.audit.events import LEASE_DATASCHEMA_URI, format_time
     from function.audit.sinks import WireEvent, compact_json
 
+    lease = step.lease
     event_id = str(uuid.uuid4())
-    data = {
+    data: dict[str, Any] = {
         "lease": {"namespace": lease.namespace, "name": lease.name, "uid": lease.uid, "model": lease.model},
-        "step": step,
+        "step": step.step,
         "count": gpus(lease.count),
-        "status": {k: status.get(k) for k in ("phase", "used", "queued", "overage", "pods", "windowEnd")},
+        "status": {
+            k: step.status.get(k) for k in ("phase", "used", "queued", "overage", "pods", "windowEnd")
+        },
+        "message": step.message[:1024],
     }
+    if step.pod is not None:
+        data["pod"] = {"namespace": step.pod.namespace, "name": step.pod.name, "uid": step.pod.uid}
     attributes = {
         "specversion": "1.0",
         "id": event_id,
         "source": source,
-        "type": LEASE_EVENT_TYPES[step],
+        "type": LEASE_EVENT_TYPES[step.step],
         "subject": f"{lease.namespace}/{lease.name}",
         "time": format_time(datetime.now(UTC)),
         "datacontenttype": "application/json",
@@ -571,8 +845,8 @@ def build(config: Config, api: Api) -> LeaseReconciler | None:
         sender = recorder.sender
         if sender is not None:
 
-            def emit(step: str, lease: Lease, status: Mapping[str, Any]) -> None:
-                sender.submit(lifecycle_event(step, lease, status))
+            def emit(step: Step) -> None:
+                sender.submit(lifecycle_event(step))
 
     return LeaseReconciler(api, emit)
 
