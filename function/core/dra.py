@@ -247,6 +247,9 @@ class Template:
     name: str
     digest: str
     spec: dict[str, Any]
+    milli_gpu: int = 0
+    """The share of one device a claim made from it takes, in milli-GPU (rounded up): the
+    largest over its capacities of slices x perSlice / perDevice."""
 
     def manifest(self, namespace: str, *, managed: bool) -> dict[str, Any]:
         """The object to apply; ``managed``: labelled as the controller's own."""
@@ -266,10 +269,23 @@ class Template:
         }
 
 
+def device_share(config: DraConfig, slices: int) -> Fraction:
+    """The fraction of one device ``slices`` slices take (the largest over the capacities)."""
+    return min(
+        max(
+            Fraction(parse_quantity(share.perSlice)) * slices / Fraction(parse_quantity(share.perDevice))
+            for share in config.capacity.values()
+        ),
+        Fraction(1),
+    )
+
+
 def template(config: DraConfig, slices: int) -> Template:
     spec = template_spec(config, slices)
     spec_digest = digest(spec)
-    return Template(slices, f"{config.templatePrefix}-{slices}-{spec_digest}", spec_digest, spec)
+    share = device_share(config, slices)
+    milli = -(-share.numerator * 1000 // share.denominator)
+    return Template(slices, f"{config.templatePrefix}-{slices}-{spec_digest}", spec_digest, spec, milli)
 
 
 def templates(config: DraConfig) -> tuple[Template, ...]:

@@ -11,6 +11,7 @@ max over init containers of (init + sidecars started before it))``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import sys
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 
 from function.core.pod import controller_of
 from function.core.quantity import QuantityError, parse_quantity
-from function.core.view import WatchSpec
+from function.core.view import WatchSpec, name_of
 
 GROUP, VERSION, PLURAL, KIND = "castops.io", "v1alpha1", "gpuleases", "GpuLease"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -45,6 +46,25 @@ PRIORITY_ANNOTATION = "castops.io/gpu-lease-priority"
 GATE = "castops.io/gpu-lease"
 """The scheduling gate of a queued Pod; the controller removes it when the Pod fits the lease."""
 FINALIZER = "castops.io/gpu-lease-release"
+FORGED_ANNOTATION = "castops.io/gpu-lease-forged"
+"""Written by the apiserver itself (the MutatingAdmissionPolicy ``castslice-gpulease-witness``,
+which runs once, before any webhook) on a Pod created with stamp keys of its own: which keys the
+creator wrote. The webhook and the ValidatingAdmissionPolicy refuse such a Pod; the webhook's own
+stamp never carries it, whatever reinvocations follow."""
+STAMP_LABELS = ("castops.io/gpu-lease", "castops.io/gpu-lease-state")
+STAMP_ANNOTATIONS = (
+    "castops.io/gpu-lease-charge",
+    "castops.io/gpu-lease-decision",
+    "castops.io/gpu-lease-priority",
+)
+"""The keys only CastSlice writes (the choice annotation ``castops.io/gpu-lease`` is the user's)."""
+REQUIRED_LABEL = "castops.io/gpu-leases"
+REQUIRED_VALUE = "required"
+"""The namespace label (set by the platform team: a tenant with ``edit`` cannot label its
+namespace) under which every GPU Pod needs a lease of its model, with or without a GpuLease in it."""
+CHARGE_LIMIT = 10**18
+"""milli-GPU: a charge is never written above this (a quantity of 1e400 GPUs is 'more than any
+lease' all the same, and stays a number every metric and message can show)."""
 
 CHARGED, QUEUED, OVERFLOW, AUDIT = "charged", "queued", "overflow", "audit"
 STATES = (CHARGED, QUEUED, OVERFLOW, AUDIT)
@@ -148,6 +168,19 @@ def selects(requirements: Iterable[Requirement], labels: Mapping[str, Any]) -> b
 
 
 # -- the GpuLease object --------------------------------------------------------------------------
+LABEL_VALUE_LIMIT = 63
+
+
+def lease_label(name: str) -> str:
+    """The value of LEASE_LABEL for the lease ``name``: the name itself when it is a label value
+    (at most 63 characters), else its first 52 and a digest of the whole name (GpuLease names may
+    be 253 long: every name works, and two long names sharing their start stay apart)."""
+    if len(name) <= LABEL_VALUE_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[:52].rstrip('-.')}-{digest}"
+
+
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?\Z")
 SPEC_FIELDS = (
@@ -369,6 +402,16 @@ class Lease:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def label(self) -> str:
+        """LEASE_LABEL's value on the Pods charged to it (``lease_label``)."""
+        return lease_label(self.name)
+
+    @property
+    def charged_key(self) -> str:
+        """The group of its charged Pods in CHARGED_PODS (and its key in the webhook's ledger)."""
+        return f"{self.namespace}/{lease_label(self.name)}"
+
     def phase(self, now: datetime) -> Phase:
         if self.deleting:
             return Phase.Released
@@ -457,6 +500,7 @@ class ChargedPod(NamedTuple):
     name: str
     uid: str
     lease: str
+    """LEASE_LABEL's value: the lease's name, or ``lease_label`` of a long one."""
     state: str
     charge: int
     """milli-GPU."""
@@ -486,7 +530,7 @@ def parse_charge(raw: Any) -> int:
         value = Fraction(parse_quantity(raw)) * 1000
     except QuantityError:
         return 0
-    return max(math.ceil(value), 0)
+    return min(max(math.ceil(value), 0), CHARGE_LIMIT)
 
 
 def charge_text(milli: int) -> str:
@@ -536,15 +580,11 @@ def _finalizers(raw: Any) -> tuple[str, ...]:
 
 
 def charged_pod_key(obj: Mapping[str, Any]) -> str:
-    """The index key: the admission uid of the charge (so the webhook finds its own decisions in
-    O(1)), else the Pod's uid."""
+    """The index key: the Pod's uid, which only the apiserver writes. Never the decision
+    annotation: a Pod carrying a copy of another's (readable with ``kubectl get pod -o yaml``)
+    would replace that Pod's record, and deleting the copy would erase the real charge."""
     metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
-    annotations = metadata.get("annotations")
-    decision = annotations.get(DECISION_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if isinstance(decision, str) and decision:
-        return decision
-    uid = metadata.get("uid")
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
     return uid if isinstance(uid, str) else ""
 
 
@@ -592,6 +632,42 @@ CHARGED_PODS = WatchSpec(
 Grouped by ``namespace/lease`` with the (used, queued, overflow, pods) sums kept by the view."""
 
 
+class RequiredNamespace(NamedTuple):
+    """A namespace labelled ``castops.io/gpu-leases: required``."""
+
+    name: str
+    uid: str
+
+
+def slim_required_namespace(obj: Mapping[str, Any]) -> RequiredNamespace | None:
+    """A Namespace carrying REQUIRED_LABEL=required (the watch selects on it; a state file read
+    offline holds every namespace, so the label is checked here too)."""
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    labels = metadata.get("labels")
+    name, uid = metadata.get("name"), metadata.get("uid")
+    if not isinstance(labels, Mapping) or labels.get(REQUIRED_LABEL) != REQUIRED_VALUE:
+        return None
+    if not isinstance(name, str) or not name:
+        return None
+    return RequiredNamespace(name, uid if isinstance(uid, str) else "")
+
+
+LEASE_NAMESPACES = WatchSpec(
+    index="gpu-lease-namespaces",
+    group="",
+    version="v1",
+    plural="namespaces",
+    kind="Namespace",
+    namespaced=False,
+    metadata_only=True,
+    slim=slim_required_namespace,
+    key=name_of,
+    label_selector=f"{REQUIRED_LABEL}={REQUIRED_VALUE}",
+)
+"""The lease-required namespaces, by name (a label-selected watch: a handful of objects)."""
+
+
 @dataclass(frozen=True)
 class Usage:
     used: int = 0
@@ -613,9 +689,16 @@ def usage_from(sums: tuple[int, ...]) -> Usage:
 
 
 def gpus(milli: int) -> str:
-    """milli-GPU as GPU-equivalents for people: 8, 0.5, 2.125."""
-    whole, rest = divmod(milli, 1000)
-    return str(whole) if not rest else f"{milli / 1000:.3f}".rstrip("0")
+    """milli-GPU as GPU-equivalents for people: 8, 0.5, 2.125 (integer arithmetic: any size)."""
+    if milli < 0:
+        return "-" + gpus(-milli)
+    whole, rest = divmod(min(milli, CHARGE_LIMIT), 1000)
+    return str(whole) if not rest else f"{whole}.{rest:03d}".rstrip("0")
+
+
+def gpu_float(milli: int) -> float:
+    """milli-GPU as a float GPU count for a metric (bounded: a float holds it)."""
+    return max(min(milli, CHARGE_LIMIT), -CHARGE_LIMIT) / 1000
 
 
 @lru_cache(maxsize=1024)
@@ -623,6 +706,27 @@ def until(moment: datetime | None) -> str:
     """A window's edge as people read it; cached, since every answer about a lease names its end
     (strftime of an aware datetime is a large part of a decision otherwise)."""
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "no end"
+
+
+GPU_RESOURCE_PREFIXES = (
+    "nvidia.com/gpu",
+    "nvidia.com/mig-",
+    "amd.com/gpu",
+    "gpu.intel.com/",
+    "habana.ai/",
+    "huawei.com/Ascend",
+    "cambricon.com/",
+    "iluvatar.ai/",
+    "hygon.com/",
+    "metax-tech.com/",
+    "mthreads.com/",
+    "enflame.com/",
+)
+"""Extended resources that are GPUs (NVIDIA's whole GPUs, time slices, MIG profiles and HAMi's
+vGPU memory and cores all start ``nvidia.com/gpu`` or ``nvidia.com/mig-``; other vendors' device
+plugins). The ValidatingAdmissionPolicy ``castslice-gpulease-required`` lists the same prefixes
+(``tests/deploy`` keeps the two in step): in a lease-required namespace a Pod asking for one of
+them needs the webhook's charge. A resource gpuLeases does not know how to charge is refused there."""
 
 
 @dataclass(frozen=True)
@@ -639,6 +743,20 @@ class ChargeUnits:
     cores: str = "nvidia.com/gpucores"
     memory: str = "nvidia.com/gpumem"
     memory_mib_by_model: Mapping[str, int] = field(default_factory=dict)
+    claim_templates: Mapping[str, int] = field(default_factory=dict)
+    """ResourceClaimTemplate name -> milli-GPU one claim made from it takes (gpuSlicing's dra
+    backend declares its templates: a fraction of one device of its class)."""
+
+    def charges(self, name: str) -> bool:
+        """Whether ``name`` is a resource this charge knows how to count."""
+        return (
+            name in self.whole
+            or name in (self.shared, self.memory, self.memory_percentage, self.cores)
+            or name.startswith(self.mig_prefix)
+        )
+
+    def is_gpu(self, name: str) -> bool:
+        return name.startswith(GPU_RESOURCE_PREFIXES) or self.charges(name)
 
 
 _MIG = re.compile(r"^(?P<g>\d+)g\.\d+gb\Z")
@@ -647,41 +765,62 @@ MAPPING = (dict, Mapping)
 
 
 def _amount(resources: Mapping[str, Any], name: str) -> Fraction | int:
+    """A resource's quantity, exact; 0 when missing, not a quantity or negative."""
     raw = resources.get(name)
     if raw is None:
         return 0
     try:
-        return parse_quantity(raw)
+        value = parse_quantity(raw)
     except QuantityError:
         return 0
+    return value if value > 0 else 0
 
 
-def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: str) -> int:
-    """milli-GPU one container asks for (limits and requests together: extended resources have
-    both, equal). Integer arithmetic for the common whole-GPU case; Fractions only for shares."""
+def _asked(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """limits and requests together (extended resources have both, equal; a template may carry one)."""
     resources = container.get("resources")
     if not isinstance(resources, MAPPING):
-        return 0
+        return {}
     limits, requests = resources.get("limits"), resources.get("requests")
     asked: Mapping[str, Any] = limits if isinstance(limits, MAPPING) else {}
     if isinstance(requests, MAPPING) and requests:
         asked = {**requests, **asked} if asked else requests
+    return asked
+
+
+def _vgpu_share(asked: Mapping[str, Any], units: ChargeUnits, model: str) -> Fraction | int:
+    """The share of each device a HAMi vGPU container holds: the larger of its memory and its
+    cores. HAMi gives a container that names no memory size or percentage the device's whole
+    memory (docs/vgpu.md), so ``gpucores: 1`` alone is a whole GPU, not 1 %; a memory size is a
+    share of the model's memory (``memoryMiBByModel``), a whole GPU when the model is not known."""
+    memory = _amount(asked, units.memory)
+    if memory:
+        model_memory = units.memory_mib_by_model.get(model)
+        memory_share = Fraction(memory) / model_memory if model_memory else Fraction(1)
+    else:
+        percentage = _amount(asked, units.memory_percentage)
+        memory_share = Fraction(percentage) / 100 if percentage else Fraction(1)
+    cores = Fraction(_amount(asked, units.cores)) / 100
+    share: Fraction = min(max(memory_share, cores), Fraction(1))
+    return share
+
+
+def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: str) -> int:
+    """milli-GPU one container asks for. Exact (integers and Fractions, never a float): any
+    quantity the apiserver accepts is an answer, not an error."""
+    asked = _asked(container)
     if not asked:
         return 0
-    share: Fraction | int = 0
-    if units.memory_percentage in asked or units.cores in asked or units.memory in asked:
-        share = Fraction(max(_amount(asked, units.memory_percentage), _amount(asked, units.cores)), 100)
-        memory = _amount(asked, units.memory)
-        model_memory = units.memory_mib_by_model.get(model)
-        if memory and model_memory:
-            share = max(share, Fraction(memory) / model_memory)
-        elif memory:
-            share = 1  # memory of an unknown model: a whole GPU, never less than it can hold
-        share = min(share, 1)
     total: Fraction | int = 0
-    for name in units.whole:
-        if name in asked:
-            total += _amount(asked, name) * (share if share else 1)
+    vgpu = units.memory_percentage in asked or units.cores in asked or units.memory in asked
+    named = [name for name in units.whole if name in asked]
+    count: Fraction | int = sum(_amount(asked, name) for name in named)
+    if vgpu:
+        if not named:
+            count = 1  # HAMi adds one device to a container naming memory or cores alone
+        total += count * _vgpu_share(asked, units, model)
+    else:
+        total += count
     if units.shared in asked:
         replicas = units.shared_replicas_by_model.get(model, units.shared_replicas)
         total += Fraction(_amount(asked, units.shared)) / max(replicas, 1)
@@ -690,28 +829,41 @@ def container_charge(container: Mapping[str, Any], units: ChargeUnits, model: st
             match = _MIG.match(name[len(units.mig_prefix) :])
             slices = int(match["g"]) if match else units.mig_slices
             total += _amount(asked, name) * Fraction(min(slices, units.mig_slices), units.mig_slices)
-    return math.ceil(total * 1000)
+    return min(math.ceil(total * 1000), CHARGE_LIMIT)
 
 
-def uses_shared(pod: Mapping[str, Any], units: ChargeUnits) -> bool:
-    """Whether the Pod asks for time slices (whose size depends on the model)."""
+def depends_on_model(pod: Mapping[str, Any], units: ChargeUnits) -> bool:
+    """Whether the Pod's charge depends on the GPU model (time slices, a vGPU memory size)."""
     spec = pod.get("spec")
     if not isinstance(spec, MAPPING):
         return False
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or ():
-            resources = container.get("resources") if isinstance(container, MAPPING) else None
-            if isinstance(resources, MAPPING):
-                for section in ("limits", "requests"):
-                    values = resources.get(section)
-                    if isinstance(values, MAPPING) and units.shared in values:
-                        return True
+            if isinstance(container, MAPPING):
+                asked = _asked(container)
+                if units.shared in asked or units.memory in asked:
+                    return True
     return False
+
+
+def claims_charge(pod: Mapping[str, Any], units: ChargeUnits) -> int:
+    """milli-GPU of the Pod's ResourceClaims made from templates this charge knows (a Pod-level
+    claim is allocated once, whichever containers use it)."""
+    if not units.claim_templates:
+        return 0
+    spec = pod.get("spec")
+    total = 0
+    for claim in (spec.get("resourceClaims") if isinstance(spec, MAPPING) else None) or ():
+        template = claim.get("resourceClaimTemplateName") if isinstance(claim, MAPPING) else None
+        if isinstance(template, str):
+            total += units.claim_templates.get(template, 0)
+    return total
 
 
 def pod_charge(pod: Mapping[str, Any], units: ChargeUnits, model: str = "") -> int:
     """The Pod's milli-GPU as the scheduler reserves it: app containers and sidecars together,
-    or the largest init container (with the sidecars started before it), whichever is more."""
+    or the largest init container (with the sidecars started before it), whichever is more; plus
+    its ResourceClaims of known templates."""
     spec = pod.get("spec")
     spec = spec if isinstance(spec, MAPPING) else {}
     app = sum(
@@ -727,4 +879,161 @@ def pod_charge(pod: Mapping[str, Any], units: ChargeUnits, model: str = "") -> i
             sidecars += charge
         else:
             init_peak = max(init_peak, charge + sidecars)
-    return max(app + sidecars, init_peak)
+    return min(max(app + sidecars, init_peak) + claims_charge(pod, units), CHARGE_LIMIT)
+
+
+class GpuAsk(NamedTuple):
+    """What GPUs a Pod asks for, whatever the charge makes of them."""
+
+    resources: tuple[str, ...] = ()
+    """GPU resources asked with an amount above 0 (GPU_RESOURCE_PREFIXES or a charged name)."""
+    uncharged: tuple[str, ...] = ()
+    """Of those, the ones no charge unit counts (another vendor's GPUs)."""
+    claims: tuple[str, ...] = ()
+    """Pod-level ResourceClaims made from a template the charge knows."""
+    unknown_claims: tuple[str, ...] = ()
+    """Every other Pod-level claim, described (``gpu (ResourceClaim my-claim)``): what it holds
+    cannot be read at admission."""
+
+    @property
+    def asks(self) -> bool:
+        return bool(self.resources or self.claims or self.unknown_claims)
+
+
+NO_ASK = GpuAsk()
+
+
+def gpu_ask(pod: Mapping[str, Any], units: ChargeUnits) -> GpuAsk:
+    spec = pod.get("spec")
+    if not isinstance(spec, MAPPING):
+        return NO_ASK
+    names: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            if not isinstance(container, MAPPING):
+                continue
+            asked = _asked(container)
+            for name in asked:
+                if isinstance(name, str) and units.is_gpu(name) and _amount(asked, name):
+                    names.add(name)
+    known: list[str] = []
+    unknown: list[str] = []
+    for claim in spec.get("resourceClaims") or ():
+        if not isinstance(claim, MAPPING):
+            unknown.append("(not a claim)")
+            continue
+        name = str(claim.get("name") or "")
+        template, claim_name = claim.get("resourceClaimTemplateName"), claim.get("resourceClaimName")
+        if isinstance(template, str) and template in units.claim_templates:
+            known.append(name)
+        elif isinstance(template, str):
+            unknown.append(f"{name} (ResourceClaimTemplate {template})")
+        else:
+            unknown.append(f"{name} (ResourceClaim {claim_name})")
+    if not names and not known and not unknown:
+        return NO_ASK
+    resources = tuple(sorted(names))
+    return GpuAsk(
+        resources,
+        tuple(name for name in resources if not units.charges(name)),
+        tuple(known),
+        tuple(unknown),
+    )
+
+
+# -- the GPU models a Pod may run on ------------------------------------------------------------
+class Models(NamedTuple):
+    """The models a Pod may be scheduled on: ``only`` these, or (``only`` None) any but ``excluded``."""
+
+    only: frozenset[str] | None = None
+    excluded: frozenset[str] = frozenset()
+
+    def allows(self, model: str) -> bool:
+        return model in self.only if self.only is not None else model not in self.excluded
+
+    @property
+    def exactly(self) -> str | None:
+        """The one model the Pod may run on, or None."""
+        return next(iter(self.only)) if self.only is not None and len(self.only) == 1 else None
+
+    @property
+    def constrained(self) -> bool:
+        return self.only is not None or bool(self.excluded)
+
+    def both(self, other: Models) -> Models:
+        if self.only is not None and other.only is not None:
+            return Models(self.only & other.only)
+        if self.only is not None:
+            return Models(self.only - other.excluded)
+        if other.only is not None:
+            return Models(other.only - self.excluded)
+        return Models(None, self.excluded | other.excluded)
+
+    def either(self, other: Models) -> Models:
+        if self.only is not None and other.only is not None:
+            return Models(self.only | other.only)
+        if self.only is not None:
+            return Models(None, other.excluded - self.only)
+        if other.only is not None:
+            return Models(None, self.excluded - other.only)
+        return Models(None, self.excluded & other.excluded)
+
+    def describe(self) -> str:
+        if self.only is not None:
+            return ", ".join(sorted(self.only)) if self.only else "no GPU model (a node without the label)"
+        if self.excluded:
+            return "any model but " + ", ".join(sorted(self.excluded))
+        return "any model"
+
+
+ANY_MODEL = Models()
+NO_MODEL = Models(frozenset())
+
+
+def _term_models(term: Any, label: str) -> Models:
+    """One required node selector term: its expressions on the model label, ANDed."""
+    if not isinstance(term, MAPPING):
+        return ANY_MODEL
+    expressions = term.get("matchExpressions") or ()
+    if not expressions and not term.get("matchFields"):
+        return NO_MODEL  # an empty term matches no node
+    models = ANY_MODEL
+    for expression in expressions if isinstance(expressions, list) else ():
+        if not isinstance(expression, MAPPING) or expression.get("key") != label:
+            continue
+        operator = expression.get("operator")
+        values = expression.get("values")
+        named = frozenset(str(v) for v in values) if isinstance(values, list) else frozenset()
+        if operator == "In":
+            models = models.both(Models(named))
+        elif operator == "NotIn":
+            models = models.both(Models(None, named))
+        elif operator == "DoesNotExist":
+            models = models.both(NO_MODEL)
+        # Exists (any model), Gt and Lt (numbers, not models): no narrower than any model.
+    return models
+
+
+def pod_models(pod: Mapping[str, Any], label: str) -> Models:
+    """The models a Pod may run on, as the scheduler reads it: its nodeSelector AND the union
+    of its required node affinity terms (each term the AND of its expressions)."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, MAPPING) else {}
+    models = ANY_MODEL
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, MAPPING) and label in selector:
+        models = Models(frozenset((str(selector[label]),)))
+    affinity = spec.get("affinity")
+    node = affinity.get("nodeAffinity") if isinstance(affinity, MAPPING) else None
+    required = (
+        node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, MAPPING) else None
+    )
+    terms = required.get("nodeSelectorTerms") if isinstance(required, MAPPING) else None
+    if isinstance(terms, list) and terms:
+        union: Models | None = None
+        for term in terms:
+            models_of_term = _term_models(term, label)
+            union = models_of_term if union is None else union.either(models_of_term)
+        assert union is not None
+        models = models.both(union)
+    return models

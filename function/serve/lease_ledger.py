@@ -90,10 +90,10 @@ class LeaseLedger:
         self.record(*found)
         return True
 
-    def snapshot(self, shown: Mapping[str, Any] | None = None) -> Mapping[str, tuple[LedgerCharge, ...]]:
-        """The live entries by lease key. Expired ones are dropped, and so are those whose Pod
-        ``shown`` (the view's charged-Pods index, keyed by decision uid) already holds: the view
-        counts them now, and the ledger stays the size of what is in flight."""
+    def snapshot(self) -> Mapping[str, tuple[LedgerCharge, ...]]:
+        """The live entries by lease key (expired ones are dropped here). Read it *before* the
+        view: an entry whose Pod the view then shows is counted once (the mutator matches it by
+        its decision); read after, a Pod delivered in between would be counted by neither."""
         horizon = self._clock() - self.ttl_seconds
         with self._lock:
             result: dict[str, tuple[LedgerCharge, ...]] = {}
@@ -101,11 +101,6 @@ class LeaseLedger:
                 queue = self._entries[key]
                 while queue and queue[0][0] < horizon:
                     queue.popleft()
-                if queue and shown:
-                    kept = [(at, entry) for at, entry in queue if entry.decision not in shown]
-                    if len(kept) != len(queue):
-                        queue.clear()
-                        queue.extend(kept)
                 if queue:
                     result[key] = tuple(entry for _, entry in queue)
                 else:
@@ -153,8 +148,7 @@ def with_lease_ledger(
     def view() -> ClusterView:
         if turns is not None:
             turns.begin()
-        current = snapshot()
-        entries = ledger.snapshot(current.index(CHARGED_PODS.index)) if ledger is not None else {}
-        return LeaseView(current, now(), entries)
+        entries = ledger.snapshot() if ledger is not None else {}
+        return LeaseView(snapshot(), now(), entries)
 
     return view

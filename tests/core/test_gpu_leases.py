@@ -12,12 +12,17 @@ from function.core.leases import (
     CHARGE_ANNOTATION,
     CHARGED_PODS,
     DECISION_ANNOTATION,
+    FORGED_ANNOTATION,
     GATE,
     LEASE_LABEL,
+    LEASE_NAMESPACES,
     LEASES,
+    REQUIRED_LABEL,
     STATE_LABEL,
+    lease_label,
     slim_charged_pod,
     slim_lease,
+    slim_required_namespace,
 )
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView, LedgerCharge
@@ -364,3 +369,124 @@ def test_the_decision_reads_the_sums_the_view_keeps_and_never_walks_the_pods() -
     )
     full = LeaseView(SumsOnly({**indices, CHARGED_PODS.index: state}), NOW)
     assert "8 of 8 GPU in use" in decide(pod(1), full).reason
+
+
+# -- no way around a lease --------------------------------------------------------------------------
+def required_view(leases: list[dict[str, Any]], pods: list[dict[str, Any]] = ()) -> LeaseView:
+    """A view in which namespace ml carries castops.io/gpu-leases=required."""
+    namespace = {"metadata": {"name": "ml", "uid": "ns-ml", "labels": {REQUIRED_LABEL: "required"}}}
+    static = StaticView(
+        {
+            LEASES.index: {lease["metadata"]["uid"]: slim_lease(lease) for lease in leases},
+            CHARGED_PODS.index: {CHARGED_PODS.key(p): slim_charged_pod(p) for p in pods},
+            LEASE_NAMESPACES.index: {"ml": slim_required_namespace(namespace)},
+        },
+        specs=(LEASES, CHARGED_PODS, LEASE_NAMESPACES),
+    )
+    return LeaseView(static, NOW)
+
+
+def test_a_lease_required_namespace_without_a_lease_stays_closed() -> None:
+    result = decide(pod(1), required_view([]))
+    assert result.action == Action.denied and "NoMatchingLease" in result.reason
+    assert "castops.io/gpu-leases=required" in result.reason and "remedy" in result.reason
+    assert decide(pod(1, resource="cpu"), required_view([])).action == Action.unchanged
+
+
+def test_a_pod_the_apiserver_marked_as_arriving_with_a_stamp_is_refused_saying_which_keys() -> None:
+    p = pod(1, annotations={FORGED_ANNOTATION: "label castops.io/gpu-lease"})
+    for v in (view([lease_obj()]), view([lease_obj(ns="other")]), required_view([])):
+        result = decide(p, v)
+        assert result.action == Action.denied and "ForgedStamp" in result.reason
+        assert "label castops.io/gpu-lease" in result.reason and "remedy" in result.reason
+
+
+def claim_pod(*claims: dict[str, Any]) -> dict[str, Any]:
+    p = pod(1, resource="cpu")
+    p["spec"]["resourceClaims"] = list(claims)
+    p["spec"]["containers"][0]["resources"]["claims"] = [{"name": c["name"]} for c in claims]
+    return p
+
+
+def test_claims_of_a_known_template_are_charged_and_any_other_claim_is_refused_where_required() -> None:
+    ours = {"name": "castslice-gpu", "resourceClaimTemplateName": "castslice-gpu-4-abcdef12"}
+    tenant = {"name": "mine", "resourceClaimName": "eight-gpus"}
+    mutator = GpuLeases(GpuLeasesConfig.model_validate({"enabled": True}), {"castslice-gpu-4-abcdef12": 500})
+
+    def run(p: dict[str, Any], v: LeaseView) -> Any:
+        return mutator.mutate(p, RequestContext(uid="review-1", namespace="ml", cluster=v))
+
+    p = claim_pod(ours)
+    assert run(p, required_view([lease_obj()])).action == Action.mutated
+    assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == "500m"
+    refused = run(claim_pod(ours, tenant), required_view([lease_obj()]))
+    assert refused.action == Action.denied and "UnknownClaim" in refused.reason
+    assert "mine (ResourceClaim eight-gpus)" in refused.reason and "remedy" in refused.reason
+    open_ns = run(claim_pod(tenant), view([lease_obj()]))  # not required: admitted, said
+    assert open_ns.action == Action.unchanged and any("mine (ResourceClaim" in w for w in open_ns.warnings)
+
+
+def test_another_vendors_gpus_are_refused_where_a_lease_is_required() -> None:
+    result = decide(pod(1, resource="amd.com/gpu"), required_view([lease_obj()]))
+    assert result.action == Action.denied and "UnknownGpuResource" in result.reason
+    assert "amd.com/gpu" in result.reason
+
+
+def test_the_model_is_the_intersection_of_a_terms_expressions_and_the_pod_is_pinned() -> None:
+    def with_terms(*terms: list[dict[str, Any]]) -> dict[str, Any]:
+        p = pod(1)
+        p["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]
+                }
+            }
+        }
+        return p
+
+    both = [lease_obj(), lease_obj("a100", A100)]
+    p = with_terms(
+        [
+            {"key": MODEL, "operator": "In", "values": [H100, A100]},
+            {"key": MODEL, "operator": "In", "values": [A100]},
+        ]
+    )
+    assert decide(p, view(both)).action == Action.mutated
+    assert p["metadata"]["labels"][LEASE_LABEL] == "a100"
+    assert "nodeSelector" not in p["spec"]  # it may run on A100 only: nothing to pin
+    either = with_terms([{"key": MODEL, "operator": "In", "values": [H100, A100]}])
+    assert decide(either, view([lease_obj()])).action == Action.mutated
+    assert either["spec"]["nodeSelector"] == {MODEL: H100}  # pinned to its lease's model
+    elsewhere = with_terms([{"key": MODEL, "operator": "NotIn", "values": [H100]}])
+    refused = decide(elsewhere, view([lease_obj()]))
+    assert refused.action == Action.denied and "any model but NVIDIA-H100" in refused.reason
+
+
+def test_a_memory_size_is_charged_for_the_chosen_leases_model() -> None:
+    p = pod(1)
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "20480"
+    config = {"memoryMiBByModel": {A100: 40960, H100: 81920}}
+    assert decide(p, view([lease_obj("a100", A100)]), **config).action == Action.mutated
+    assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == "500m"  # half an A100, not a whole GPU
+
+
+def test_any_lease_name_works_and_its_pods_count() -> None:
+    name = "team-a-" + "h100-" * 40 + "reserved"
+    lease = lease_obj(name, count=2)
+    p = pod(1)
+    assert decide(p, view([lease])).action == Action.mutated
+    value = p["metadata"]["labels"][LEASE_LABEL]
+    assert len(value) <= 63 and value == lease_label(name)
+    stored = {**p, "metadata": {**p["metadata"], "name": "x", "uid": "pod-x"}}
+    two = view([lease], [stored, {**stored, "metadata": {**stored["metadata"], "uid": "pod-y"}}])
+    assert "2 of 2 GPU in use" in decide(pod(1), two).reason
+
+
+def test_a_quantity_beyond_a_float_is_an_answer_not_an_error() -> None:
+    result = decide(pod(1), view([lease_obj()]))
+    huge = pod(1)
+    huge["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1e400"
+    huge["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1e400"
+    refused = decide(huge, view([lease_obj()]))
+    assert result.action == Action.mutated
+    assert refused.action == Action.denied and "ExceedsLease" in refused.reason

@@ -65,6 +65,7 @@ from function.core.leases import (
     Phase,
     Usage,
     by_lease,
+    gpu_float,
     gpus,
     parse_time,
     slim_charged_pod,
@@ -344,10 +345,10 @@ class LeaseMetrics:
 
     def show(self, lease: Lease, usage: Usage, outliving: Outliving) -> None:
         labels = (lease.namespace, lease.name, lease.model)
-        self.capacity.labels(*labels).set(lease.count / 1000)
-        self.used.labels(*labels).set(usage.used / 1000)
-        self.queued.labels(*labels).set(usage.queued / 1000)
-        self.overage.labels(*labels).set(max(usage.used - lease.count, 0) / 1000)
+        self.capacity.labels(*labels).set(gpu_float(lease.count))
+        self.used.labels(*labels).set(gpu_float(usage.used))
+        self.queued.labels(*labels).set(gpu_float(usage.queued))
+        self.overage.labels(*labels).set(gpu_float(max(usage.used - lease.count, 0)))
         self.invalid.labels(*labels).set(1 if lease.problems else 0)
         self.outliving.labels(*labels).set(outliving.pods)
 
@@ -458,21 +459,28 @@ class LeaseReconciler:
         namespace, _, name = key.partition("/")
         if not all(ctx.view.synced(spec.index) for spec in self.watches):
             return Requeue(NOT_SYNCED_RETRY)  # a lease whose Pods are not listed yet looks empty
+        # A charged Pod names its lease by LEASE_LABEL: the name, or lease_label of a long one.
         lease = next(
             (
                 record
                 for record in ctx.view.group(LEASES.index, namespace).values()
-                if isinstance(record, Lease) and record.name == name
+                if isinstance(record, Lease) and name in (record.name, record.label)
             ),
             None,
         )
+        if lease is not None and lease.key != key:
+            return self.reconcile(lease.key, ctx)
         if lease is None:
             self._told.pop(key, None)
             if self.metrics is not None:
                 self.metrics.forget(namespace, name)
             return DONE
         pods = sorted(
-            (p for p in ctx.view.group(CHARGED_PODS.index, key).values() if isinstance(p, ChargedPod)),
+            (
+                p
+                for p in ctx.view.group(CHARGED_PODS.index, lease.charged_key).values()
+                if isinstance(p, ChargedPod)
+            ),
             key=queue_order,
         )
         self._forget_pods_gone(lease, pods)
@@ -512,7 +520,7 @@ class LeaseReconciler:
     # -- counting --------------------------------------------------------------------------------
     def _usage(self, lease: Lease, view: ClusterView, pods: list[ChargedPod]) -> Usage:
         tally = getattr(view, "tally", None)
-        usage = usage_from(tally(CHARGED_PODS.index, lease.key)) if callable(tally) else Usage()
+        usage = usage_from(tally(CHARGED_PODS.index, lease.charged_key)) if callable(tally) else Usage()
         if not callable(tally):
             for pod in pods:
                 usage = usage.plus(usage_from(tally_charge(pod)))
@@ -531,8 +539,8 @@ class LeaseReconciler:
         """milli-GPU of the lease's Pods bound to a node (charged or admitted by Audit)."""
         tally = getattr(view, "tally", None)
         if callable(tally):
-            return usage_from(tally(BOUND_PODS.index, lease.key)).used
-        bound = view.group(BOUND_PODS.index, lease.key).values()
+            return usage_from(tally(BOUND_PODS.index, lease.charged_key)).used
+        bound = view.group(BOUND_PODS.index, lease.charged_key).values()
         return sum(usage_from(tally_charge(pod)).used for pod in bound if isinstance(pod, ChargedPod))
 
     def _forget_pods_gone(self, lease: Lease, pods: list[ChargedPod]) -> None:

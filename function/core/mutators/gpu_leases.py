@@ -26,7 +26,7 @@ and the controller count it. Namespaces without a GpuLease are left alone unless
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -40,26 +40,35 @@ from function.core.leases import (
     CHARGED_PODS,
     CHOICE_ANNOTATION,
     DECISION_ANNOTATION,
+    FORGED_ANNOTATION,
     GATE,
     LEASE_LABEL,
+    LEASE_NAMESPACES,
     LEASES,
     OVERFLOW,
     PRIORITY_ANNOTATION,
     QUEUED,
+    REQUIRED_LABEL,
+    REQUIRED_VALUE,
+    STAMP_ANNOTATIONS,
+    STAMP_LABELS,
     STATE_LABEL,
     ChargeUnits,
     Enforcement,
     Lease,
+    Models,
     Overflow,
     Phase,
     Usage,
     charge_text,
+    depends_on_model,
+    gpu_ask,
     gpus,
     parse_charge,
     pod_charge,
+    pod_models,
     until,
     usage_from,
-    uses_shared,
 )
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
@@ -84,6 +93,10 @@ REASONS = (
     "Queued",
     "Overflow",
     "ViewNotReady",
+    "ForgedStamp",
+    "UnknownGpuResource",
+    "UnknownClaim",
+    "NotCharged",
 )
 
 
@@ -116,7 +129,8 @@ class GpuLeasesConfig(MutatorConfig):
     """A model's memory (MiB), to charge ``nvidia.com/gpumem`` as a share; unknown: a whole GPU."""
     warnAtPercent: int = Field(default=80, ge=1, le=100)
     requireLease: bool = False
-    """True: a GPU Pod in a namespace without any GpuLease is refused (NoMatchingLease)."""
+    """True: every namespace is lease-required, as if labelled ``castops.io/gpu-leases: required``:
+    a GPU Pod in a namespace without any GpuLease is refused (NoMatchingLease)."""
     whenViewNotReady: Literal["deny", "admit"] = "deny"
     """Before the leases and charged Pods are listed: refuse GPU Pods of leased namespaces (retry
     in seconds) or admit them uncharged."""
@@ -140,7 +154,7 @@ class GpuLeasesConfig(MutatorConfig):
             raise ValueError(f"{value!r} is not one of {', '.join(sorted(BUILTIN_SCHEMES))}")
         return value
 
-    def units(self) -> ChargeUnits:
+    def units(self, claim_templates: Mapping[str, int] | None = None) -> ChargeUnits:
         return ChargeUnits(
             whole=tuple(self.wholeResources),
             shared=self.sharedResource,
@@ -152,6 +166,7 @@ class GpuLeasesConfig(MutatorConfig):
             cores=self.coresResource,
             memory=self.memoryResource,
             memory_mib_by_model=dict(self.memoryMiBByModel),
+            claim_templates=dict(claim_templates or {}),
         )
 
 
@@ -161,7 +176,9 @@ def namespace_leases(view: ClusterView, namespace: str) -> list[Lease]:
 
 
 def lease_usage(view: ClusterView, lease_key: str) -> Usage:
-    """What the view counts against a lease, plus this process's charges it does not show yet."""
+    """What the view counts against a lease (``Lease.charged_key``), plus this process's charges
+    it does not show yet (the ledger, read before the view: an entry whose Pod the view shows
+    is counted once, by the view)."""
     tally = getattr(view, "tally", None)
     if callable(tally):
         usage = usage_from(tally(CHARGED_PODS.index, lease_key))
@@ -169,8 +186,13 @@ def lease_usage(view: ClusterView, lease_key: str) -> Usage:
         usage = Usage()
         for record in view.group(CHARGED_PODS.index, lease_key).values():
             usage = usage.plus(usage_from(CHARGED_PODS.tally(record) if CHARGED_PODS.tally else ()))
-    shown = view.index(CHARGED_PODS.index)
-    for entry in view.index(LEDGER_INDEX).get(lease_key, ()):
+    entries = view.index(LEDGER_INDEX).get(lease_key, ())
+    if not entries:
+        return usage
+    # Records are keyed by Pod uid: a charge in flight is matched by its decision among the
+    # lease's Pods (only while this process has charges in flight for the lease).
+    shown = {getattr(record, "decision", "") for record in view.group(CHARGED_PODS.index, lease_key).values()}
+    for entry in entries:
         if entry.decision in shown:
             continue
         if entry.state == QUEUED:
@@ -182,38 +204,16 @@ def lease_usage(view: ClusterView, lease_key: str) -> Usage:
     return usage
 
 
+def lease_required(view: ClusterView, namespace: str, require_everywhere: bool) -> bool:
+    """Whether a GPU Pod in ``namespace`` needs a lease: ``requireLease``, or the namespace label
+    (as the view shows it; the ValidatingAdmissionPolicy closes the namespace either way)."""
+    return require_everywhere or namespace in view.index(LEASE_NAMESPACES.index)
+
+
 def now_of(view: ClusterView) -> datetime | None:
     """The time of the snapshot: the edge (and the offline command) add it to the view."""
     now = getattr(view, "now", None)
     return now if isinstance(now, datetime) else None
-
-
-def pod_models(pod: Pod, label: str) -> frozenset[str] | None:
-    """The models the Pod allows itself (nodeSelector, or required node affinity In on the label);
-    None: it does not say."""
-    spec = pod.get("spec")
-    spec = spec if isinstance(spec, dict) else {}
-    selector = spec.get("nodeSelector")
-    if isinstance(selector, dict) and isinstance(selector.get(label), str):
-        return frozenset((selector[label],))
-    affinity = spec.get("affinity")
-    node = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, dict) else None
-    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
-    if not isinstance(terms, list) or not terms:
-        return None
-    allowed: set[str] = set()
-    for term in terms:
-        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
-        values = [
-            e.get("values")
-            for e in expressions or ()
-            if isinstance(e, dict) and e.get("key") == label and e.get("operator") == "In"
-        ]
-        if not values or not isinstance(values[0], list):
-            return None  # a term that does not pin the model: any model is possible
-        allowed.update(str(v) for v in values[0])
-    return frozenset(allowed)
 
 
 # -- the decision -------------------------------------------------------------------------------
@@ -247,20 +247,27 @@ def _names(leases: Iterable[Lease]) -> str:
 class GpuLeases:
     name = NAME
 
-    def __init__(self, config: GpuLeasesConfig) -> None:
+    def __init__(self, config: GpuLeasesConfig, claim_templates: Mapping[str, int] | None = None) -> None:
         self.config = config
-        self.units = config.units()
+        self.units = config.units(claim_templates)
         self.scheme = BUILTIN_SCHEMES[config.overflowSpotScheme]
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         if ctx.operation != "CREATE":
             return MutatorResult.unchanged(f"{ctx.operation}: only Pod creation is charged")
+        annotations = annotations_of(pod)
+        written = annotations.get(FORGED_ANNOTATION)
+        if written is not None:
+            # The apiserver itself marked it (the MutatingAdmissionPolicy castslice-gpulease-witness,
+            # before any webhook): the creator wrote stamp keys. The policy castslice-gpulease-stamp
+            # refuses it too, even where this webhook is not called.
+            return MutatorResult.denied(forged_message(written))
         charged_to = labels_of(pod).get(LEASE_LABEL)
-        # The stamp counts against a lease, so only this review's own is trusted (a later pass or
-        # a reinvocation of the same request carries its uid); one the Pod arrived with (a tenant's
-        # "0m", a label copied into a template) is recomputed from the Pod's resources.
-        forged = bool(charged_to) and annotations_of(pod).get(DECISION_ANNOTATION, "") != ctx.uid
-        if charged_to and not forged:
+        # A stamp without the witness's mark was written by this webhook for this request (a
+        # reinvocation carries a new uid), or comes from a cluster without the witness policy:
+        # only this review's own is kept as is, any other is recomputed from the Pod's resources.
+        restamp = bool(charged_to) and annotations.get(DECISION_ANNOTATION, "") != ctx.uid
+        if charged_to and not restamp:
             return MutatorResult.unchanged(f"already charged to gpu lease {charged_to}")
         view = ctx.cluster
         if (
@@ -268,36 +275,38 @@ class GpuLeases:
             and view.available
             and view.synced(LEASES.index)
             and not view.group(LEASES.index, ctx.namespace)
+            and ctx.namespace not in view.index(LEASE_NAMESPACES.index)
         ):
-            # Most namespaces lease nothing: one lookup, not the charge arithmetic.
-            return self._unstamped(pod, forged, f"namespace {ctx.namespace} has no GpuLease: not charged")
+            # Most namespaces lease nothing: two lookups, not the charge arithmetic.
+            return self._unstamped(pod, restamp, f"namespace {ctx.namespace} has no GpuLease: not charged")
         verdict = self.decide(pod, ctx)
         if verdict is None:
-            return self._unstamped(pod, forged, "asks for no GPU")
+            return self._unstamped(pod, restamp, "asks for no GPU")
         if not verdict.admit:
             return MutatorResult.denied(verdict.message)
         if not verdict.state or verdict.lease is None:
-            return self._unstamped(pod, forged, verdict.message, *verdict.warnings)
-        if forged:
+            return self._unstamped(pod, restamp, verdict.message, *verdict.warnings)
+        if restamp:
             remove_stamp(pod)
         self.stamp(pod, ctx, verdict)
         return MutatorResult.mutated(verdict.message, *verdict.warnings)
 
     @staticmethod
-    def _unstamped(pod: Pod, forged: bool, reason: str, *warnings: str) -> MutatorResult:
+    def _unstamped(pod: Pod, restamp: bool, reason: str, *warnings: str) -> MutatorResult:
         """Not charged: a stamp the Pod arrived with goes (it would count against a lease)."""
-        if forged and remove_stamp(pod):
+        if restamp and remove_stamp(pod):
             return MutatorResult.mutated(f"{reason}; the gpu lease stamp it came with removed", *warnings)
         return MutatorResult.unchanged(reason, *warnings)
 
     # -- deciding --------------------------------------------------------------------------------
     def decide(self, pod: Pod, ctx: RequestContext) -> Verdict | None:
         """The lease arithmetic for the Pod; None when it asks for no GPU."""
-        view = ctx.cluster
-        first = self._model_hint(pod)
-        charge = pod_charge(pod, self.units, first)
-        if charge <= 0:
+        ask = gpu_ask(pod, self.units)
+        if not ask.asks:
             return None
+        view = ctx.cluster
+        models = pod_models(pod, self.config.modelLabel)
+        charge = pod_charge(pod, self.units, models.exactly or "")
         if not view.available:
             return Verdict("ViewNotReady", "no cluster state: GPU leases not checked", charge=charge)
         namespace = ctx.namespace
@@ -311,29 +320,57 @@ class GpuLeases:
                 charge=charge,
                 admit=admit,
             )
+        required = lease_required(view, namespace, self.config.requireLease)
+        why = (
+            f"namespace {namespace} is labelled {REQUIRED_LABEL}={REQUIRED_VALUE}"
+            if not self.config.requireLease
+            else "gpuLeases.requireLease is set"
+        )
+        warnings: tuple[str, ...] = ()
+        if ask.uncharged or ask.unknown_claims:
+            what = ", ".join(
+                [f"resource {name}" for name in ask.uncharged] + [f"claim {c}" for c in ask.unknown_claims]
+            )
+            if required:
+                reason = "UnknownClaim" if ask.unknown_claims else "UnknownGpuResource"
+                remedy = (
+                    "ask for nvidia.com/gpu (or slices through gpuSlicing), whose use the lease counts"
+                    if ask.unknown_claims
+                    else "ask for a resource gpuLeases charges (wholeResources, sharedResource, MIG, vGPU)"
+                )
+                return self._refuse(
+                    reason,
+                    f"{why}, and this Pod asks for GPUs no GpuLease can count: {what} (what a claim "
+                    f"holds is not known at admission); remedy: {remedy}",
+                    charge,
+                )
+            warnings = (fit_warning("castslice: not charged to a gpu lease: ", what),)
+        if charge <= 0:
+            return Verdict("NotCharged", f"asks for {ask.resources or ask.unknown_claims}: not charged",
+                           warnings=warnings)  # fmt: skip
         leases = namespace_leases(view, namespace)
         if not leases:
-            if self.config.requireLease:
+            if required:
                 return self._refuse(
                     "NoMatchingLease",
-                    f"namespace {namespace} has no GpuLease and this Pod asks for {gpus(charge)} GPU; "
-                    "remedy: ask your platform team for a GpuLease in this namespace",
+                    f"{why}: GPU Pods need an active GpuLease of their model, and namespace "
+                    f"{namespace} has none; this Pod asks for {gpus(charge)} GPU; remedy: ask your "
+                    "platform team for a GpuLease in this namespace (kubectl get gpuleases)",
                     charge,
                 )
             return Verdict(
                 "NoMatchingLease", f"namespace {namespace} has no GpuLease: not charged", charge=charge
             )
-        chosen = self._choose(pod, leases, now, charge, view)
+        chosen = self._choose(pod, leases, now, models, view)
         if isinstance(chosen, Verdict):
             return chosen
-        lease, inject = chosen
-        if lease.model != first and uses_shared(pod, self.units):
-            charge = pod_charge(pod, self.units, lease.model)  # the model decides a slice's size
-        return self._judge(lease, charge, lease_usage(view, lease.key), now, inject)
-
-    def _model_hint(self, pod: Pod) -> str:
-        models = pod_models(pod, self.config.modelLabel)
-        return next(iter(models)) if models and len(models) == 1 else ""
+        lease, pin = chosen
+        if lease.model != (models.exactly or "") and depends_on_model(pod, self.units):
+            charge = pod_charge(pod, self.units, lease.model)  # a slice's or a memory size's share
+        verdict = self._judge(lease, charge, lease_usage(view, lease.charged_key), now, pin)
+        if warnings:
+            return replace(verdict, warnings=verdict.warnings + warnings)
+        return verdict
 
     def _refuse(
         self, reason: str, text: str, charge: int, lease: Lease | None = None, usage: Usage = NO_USAGE
@@ -341,11 +378,14 @@ class GpuLeases:
         return Verdict(reason, f"castslice: {reason}: {text}", lease, charge, usage, admit=False)
 
     def _choose(
-        self, pod: Pod, leases: list[Lease], now: datetime, charge: int, view: ClusterView
+        self, pod: Pod, leases: list[Lease], now: datetime, models: Models, view: ClusterView
     ) -> tuple[Lease, bool] | Verdict:
+        """The lease, and whether to pin the Pod to its model (it may run on another model)."""
         namespace = leases[0].namespace
         labels = labels_of(pod)
         valid = [lease for lease in leases if not lease.problems]
+        label = self.config.modelLabel
+        charge = pod_charge(pod, self.units, models.exactly or "")
         named = annotations_of(pod).get(CHOICE_ANNOTATION)
         if named is not None:
             found = [lease for lease in valid if lease.name == named]
@@ -364,29 +404,27 @@ class GpuLeases:
                     "remedy: label the Pod as the lease's podSelector asks, or name another lease",
                     charge,
                 )
-            models = pod_models(pod, self.config.modelLabel)
-            if models is not None and lease.model not in models:
+            if not models.allows(lease.model):
                 return self._refuse(
                     "NoMatchingLease",
-                    f"gpu lease {lease.name} is for {lease.model}, but the Pod asks for "
-                    f"{', '.join(sorted(models))} ({self.config.modelLabel})",
+                    f"gpu lease {lease.name} is for {lease.model}, but the Pod may run only on "
+                    f"{models.describe()} ({label}: its nodeSelector and required node affinity)",
                     charge,
                 )
-            return lease, models is None
+            return lease, models.exactly != lease.model
         candidates = [lease for lease in valid if lease.matches(labels)]
-        models = pod_models(pod, self.config.modelLabel)
-        if models is not None:
-            of_model = [lease for lease in candidates if lease.model in models]
+        if models.constrained:
+            of_model = [lease for lease in candidates if models.allows(lease.model)]
             if not of_model:
                 return self._refuse(
                     "NoMatchingLease",
-                    f"no GpuLease in namespace {namespace} for {', '.join(sorted(models))} selects this Pod; "
+                    f"no GpuLease in namespace {namespace} for {models.describe()} selects this Pod; "
                     f"leases here: {_names(leases)}; remedy: ask for a lease of that model, or use one "
-                    f"of these models ({self.config.modelLabel})",
+                    f"of these models ({label})",
                     charge,
                 )
-            return self._best(of_model, now, charge, view), False
-        if not candidates:
+            candidates = of_model
+        elif not candidates:
             return self._refuse(
                 "NoMatchingLease",
                 f"no GpuLease in namespace {namespace} selects this Pod (podSelector); leases here: "
@@ -394,21 +432,29 @@ class GpuLeases:
                 charge,
             )
         distinct = sorted({lease.model for lease in candidates})
-        if len(distinct) > 1:
+        if len(distinct) > 1 and models.only is None:
             return self._refuse(
                 "AmbiguousModel",
-                f"namespace {namespace} leases {', '.join(distinct)} and the Pod names no model; remedy: "
-                f"set nodeSelector {self.config.modelLabel}, or annotation {CHOICE_ANNOTATION}: <lease>",
+                f"namespace {namespace} leases {', '.join(distinct)} and the Pod may run on "
+                f"{models.describe()}; remedy: set nodeSelector {label}, or annotation "
+                f"{CHOICE_ANNOTATION}: <lease>",
                 charge,
             )
-        return self._best(candidates, now, charge, view), True
+        lease = self._best(pod, candidates, now, view)
+        # A Pod that may run on another model than its lease's is pinned to it (nodeSelector is
+        # ANDed with its affinity), so a Pod charged to H100 runs on H100.
+        return lease, models.exactly != lease.model
 
-    def _best(self, leases: list[Lease], now: datetime, charge: int, view: ClusterView) -> Lease:
+    def _best(self, pod: Pod, leases: list[Lease], now: datetime, view: ClusterView) -> Lease:
         if len(leases) == 1:
             return leases[0]
         ordered = sorted(leases, key=lambda lease: _order(lease, now))
         for lease in ordered:
-            if lease.phase(now) == Phase.Active and lease_usage(view, lease.key).used + charge <= lease.count:
+            if (
+                lease.phase(now) == Phase.Active
+                and lease_usage(view, lease.charged_key).used + pod_charge(pod, self.units, lease.model)
+                <= lease.count
+            ):
                 return lease
         return ordered[0]
 
@@ -575,7 +621,7 @@ class GpuLeases:
         assert lease is not None
         metadata = ensure_map(pod, "metadata")
         labels = ensure_map(metadata, "labels")
-        labels[LEASE_LABEL] = lease.name
+        labels[LEASE_LABEL] = lease.label
         labels[STATE_LABEL] = verdict.state
         annotations = ensure_map(metadata, "annotations")
         annotations[CHARGE_ANNOTATION] = charge_text(verdict.charge)
@@ -604,10 +650,7 @@ def remove_stamp(pod: Pod) -> bool:
     if not isinstance(metadata, dict):
         return False
     removed = False
-    for section, keys in (
-        ("labels", (LEASE_LABEL, STATE_LABEL)),
-        ("annotations", (CHARGE_ANNOTATION, DECISION_ANNOTATION, PRIORITY_ANNOTATION)),
-    ):
+    for section, keys in (("labels", STAMP_LABELS), ("annotations", STAMP_ANNOTATIONS)):
         values = metadata.get(section)
         if isinstance(values, dict):
             for key in keys:
@@ -617,12 +660,21 @@ def remove_stamp(pod: Pod) -> bool:
     return removed
 
 
+def forged_message(written: str) -> str:
+    return (
+        f"castslice: ForgedStamp: the Pod was created with {written or 'GPU lease stamp keys'}, which only "
+        "CastSlice writes (they say what the Pod is charged to a GpuLease); remedy: remove the "
+        f"{LEASE_LABEL}* labels and annotations from the Pod or its template (a copy of "
+        f"`kubectl get pod -o yaml` carries them); to choose a lease, use the annotation {CHOICE_ANNOTATION}"
+    )
+
+
 def build(config: GpuLeasesConfig, settings: Settings, neighbours: Neighbours) -> GpuLeases:
-    return GpuLeases(config)
+    return GpuLeases(config, neighbours.claim_templates())
 
 
 def watches(config: GpuLeasesConfig) -> tuple[WatchSpec, ...]:
-    return (LEASES, CHARGED_PODS)
+    return (LEASES, CHARGED_PODS, LEASE_NAMESPACES)
 
 
 PLUGIN = MutatorPlugin(

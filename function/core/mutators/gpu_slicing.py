@@ -536,7 +536,9 @@ def _build(config: GpuSlicingConfig, settings: Settings, neighbours: Neighbours)
 
 def _claims(config: GpuSlicingConfig) -> Claims:
     if config.backend == "dra":
-        return Claims()  # the source resource is removed, not renamed: no resource of its own
+        # The source resource is removed, not renamed: no resource of its own; its templates,
+        # each a share of one device, are what GPU leases charge.
+        return Claims(claim_templates=tuple((t.name, t.milli_gpu) for t in templates(config.dra)))
     return Claims(
         renames=(
             Rename(

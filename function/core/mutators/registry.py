@@ -48,6 +48,9 @@ class Claims:
     places_pods: bool = False
     """The mutator may write a Pod's spot placement itself (PodMutation spot settings): the spot
     mutator then leaves a Pod it placed alone."""
+    claim_templates: tuple[tuple[str, int], ...] = ()
+    """ResourceClaimTemplates the mutator names in Pods, with the milli-GPU one claim made from
+    each takes (gpuSlicing's dra backend): what GPU leases charge for them."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class Neighbours:
     def place_pods(self) -> bool:
         """Whether another enabled mutator may write a Pod's spot placement."""
         return any(c.places_pods for c in self.claims)
+
+    def claim_templates(self) -> dict[str, int]:
+        """Template name -> milli-GPU of a claim made from it, of every other mutator."""
+        return {name: milli for c in self.claims for name, milli in c.claim_templates}
 
     def qualifiers_of(self, count: str) -> tuple[str, ...]:
         """Resources owned elsewhere that need ``count`` to mean anything (vGPU memory, cores)."""
