@@ -83,21 +83,34 @@ def test_the_gpulease_webhook_calls_where_the_pod_webhook_does_on_the_served_pat
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_stamp_policy_is_cluster_scoped_and_exempts_only_the_controllers_account(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
+@pytest.mark.parametrize("name", ["castslice-gpulease-stamp", "castslice-gpulease-templates"])
+def test_the_stamp_policies_are_cluster_scoped_and_exempt_only_the_controllers_account(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str, name: str
 ) -> None:
     objs = rendered[overlay]
-    policy = one(
-        objs, "ValidatingAdmissionPolicy", "castslice-gpulease-stamp", "admissionregistration.k8s.io"
-    )
-    binding = one(
-        objs, "ValidatingAdmissionPolicyBinding", "castslice-gpulease-stamp", "admissionregistration.k8s.io"
-    )
+    policy = one(objs, "ValidatingAdmissionPolicy", name, "admissionregistration.k8s.io")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", name, "admissionregistration.k8s.io")
     assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
-    assert binding["spec"] == {"policyName": "castslice-gpulease-stamp", "validationActions": ["Deny"]}
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     (controller,) = [v for v in policy["spec"]["variables"] if v["name"] == "controller"]
     account = one(objs, "ServiceAccount", "castslice-control")["metadata"]
     assert controller["expression"] == f"'system:serviceaccount:{account['namespace']}:{account['name']}'"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_lease_policies_are_cluster_scoped(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    found = [
+        o for o in rendered[overlay] if "AdmissionPolicy" in o["kind"] and "gpulease" in o["metadata"]["name"]
+    ]
+    assert {(o["kind"], o["metadata"]["name"]) for o in found} >= {
+        ("MutatingAdmissionPolicy", "castslice-gpulease-witness"),
+        ("MutatingAdmissionPolicyBinding", "castslice-gpulease-witness"),
+        ("ValidatingAdmissionPolicy", "castslice-gpulease-forged"),
+        ("ValidatingAdmissionPolicy", "castslice-gpulease-required"),
+    }
+    assert all("namespace" not in o["metadata"] for o in found)
 
 
 def test_the_shipped_overlays_render_without_the_component() -> None:
