@@ -2,17 +2,20 @@
 
 A pass lists the Pods in pages (``limit`` with ``continue``, the apiserver's chunking: memory holds
 one page, whatever the cluster's size), judges each with ``function.core.drift`` over the same
-cluster view the webhook keeps (the controller runs the same watches), emits one CloudEvent per Pod
-found, and at the end of a complete pass publishes ``castslice_drift_pods{mutator,namespace}`` and
-logs a one-line summary. A pass whose list fails half-way publishes nothing (the previous pass
-stands) and counts as failed. Pods in namespaces labelled ``castops.io/webhook: ignore`` (the view
-watches Namespaces for it) are not judged: the registration never sends them to the webhook.
+cluster view the webhook keeps (the controller runs the same watches) at the reconcile's time (the
+GPU leases' windows), emits one CloudEvent per Pod found, and at the end of a complete pass
+publishes ``castslice_drift_pods{mutator,namespace}`` and logs a one-line summary. A page is
+bounded in bytes as well as in Pods: the first asks for a few Pods, and each next one for as many
+as fit ``pageBytes`` at the size of the largest Pod seen so far, so Pods of 1.5 MB are listed a few
+at a time and small ones ``pageSize`` at a time. A pass whose list fails half-way publishes nothing
+(the previous pass stands) and counts as failed. Pods in namespaces labelled ``castops.io/webhook:
+ignore`` (the view watches Namespaces for it) are held to their namespace's GPU leases only: the
+registration never sends them to the webhook, and a lease holds for every Pod of its namespace.
 
 Under ``castslice control`` (function/control/reconcilers/drift.py) each reconcile reads one page
 and requeues itself at once until the pass is done, then after ``drift.intervalSeconds``: a replica
-that stops leading stops within a page. Only the leader passes, so a replica's figures are shown
-while they are fresh (two intervals): after a handover the old leader's go away and the new one's
-come; in between both may show theirs (alert on ``max``, not ``sum``).
+that stops leading stops within a page and drops its figures (``forget_term``), so only the leader
+shows them.
 
 It decides nothing and writes nothing to the cluster: finding a Pod is the whole job (fixing it
 means re-creating it, which its owner decides).
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
+import orjson
 from cloudevents.http import CloudEvent
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -53,6 +57,9 @@ EVENT_TYPE: Final = "io.castops.castslice.drift.found.v1"
 (types io.castops.castslice.admission.*) does not take it; subscribe to this type to collect them."""
 EVENT_SOURCE: Final = "/castslice/controller/drift"
 LIST_TIMEOUT: Final = 60.0
+FIRST_PAGE: Final = 16
+"""Pods asked for by a pass's first page, before it knows how large they are."""
+PAGE_BYTES: Final = 8 * 2**20
 STALE_SECONDS: Final = 60.0
 """A pass left this long (leadership lost, regained later) starts over: its continue token would
 have expired, and the cluster moved on."""
@@ -170,6 +177,8 @@ class DriftMetrics(Collector):
 class _Pass:
     tally: Tally = field(default_factory=Tally)
     token: str = ""
+    largest: int = 0
+    """Bytes of the largest Pod seen in this pass (the next page's limit is fitted to it)."""
     started: float = 0.0
     """Wall clock (Unix), for the figures."""
     began: float = 0.0
@@ -196,12 +205,13 @@ class DriftReconciler:
         watches: tuple[WatchSpec, ...] = (),
         interval: float = 300.0,
         page_size: int = 500,
+        page_bytes: int = PAGE_BYTES,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.engine, self.api, self.emit = engine, api, emit
         self.watches = watches
-        self.interval, self.page_size = interval, page_size
+        self.interval, self.page_size, self.page_bytes = interval, page_size, page_bytes
         self.resync_seconds = interval
         self.clock, self.wall = clock, wall
         self.metrics = DriftMetrics(fresh_for=2 * interval + 60, clock=clock)
@@ -210,6 +220,12 @@ class DriftReconciler:
     def register(self, registry: CollectorRegistry) -> None:
         """The process's registry: the figures go on its /metrics."""
         self.metrics = DriftMetrics(registry, fresh_for=2 * self.interval + 60, clock=self.clock)
+
+    def forget_term(self) -> None:
+        """The lead is lost: the pass under way ends, and the last pass's figures go (the next
+        leader publishes its own; two replicas never show figures at once)."""
+        self._pass = None
+        self.metrics.last = None
 
     # -- the protocol ---------------------------------------------------------------------------
     def triggers(self, index: str, record: Record) -> tuple[str, ...]:
@@ -222,7 +238,7 @@ class DriftReconciler:
         if key != PASS_KEY:
             return DONE
         try:
-            done = self.step(ctx.view)
+            done = self.step(ctx.view, ctx.now)
         except ListFailed:
             return Requeue(min(RETRY_SECONDS, self.interval))
         return Requeue(self.interval if done else 0.0)
@@ -233,23 +249,23 @@ class DriftReconciler:
         self._pass = None
         while True:
             try:
-                if self.step(view()):
+                if self.step(view(), datetime.fromtimestamp(self.wall(), UTC)):
                     break
             except ListFailed:
                 return None
         last = self.metrics.last
         return last.tally if last is not None else None
 
-    def step(self, view: ClusterView) -> bool:
-        """One page of the pass (a new pass when none is under way, or it went stale): judged,
-        each Pod found emitted. True when the pass is complete (and published). ListFailed when
-        the page could not be read (the pass is abandoned, nothing published)."""
+    def step(self, view: ClusterView, at: datetime) -> bool:
+        """One page of the pass (a new pass when none is under way, or it went stale): judged at
+        ``at``, each Pod found emitted. True when the pass is complete (and published). ListFailed
+        when the page could not be read (the pass is abandoned, nothing published)."""
         now = self.clock()
         current = self._pass
         if current is None or now - current.last_step > STALE_SECONDS:
             current = self._pass = _Pass(started=self.wall(), began=now)
         current.last_step = now
-        query = {"fieldSelector": POD_FIELD_SELECTOR, "limit": str(self.page_size)}
+        query = {"fieldSelector": POD_FIELD_SELECTOR, "limit": str(self._limit(current))}
         if current.token:
             query["continue"] = current.token
         try:
@@ -261,8 +277,11 @@ class DriftReconciler:
         items = response.body.get("items") or []
         found_at = datetime.fromtimestamp(self.wall(), UTC)
         pods = [item for item in items if isinstance(item, dict)]
-        for finding in findings(self.engine, pods, view, current.tally, opted_out_in(view)):
+        for pod in pods:
+            current.largest = max(current.largest, len(orjson.dumps(pod)))
+        for finding in findings(self.engine, pods, view, current.tally, opted_out_in(view), at):
             self.emit(drift_event(finding, found_at))
+        del items, pods  # the page goes before the next is read
         metadata: Any = response.body.get("metadata") or {}
         current.token = (metadata.get("continue") or "") if isinstance(metadata, dict) else ""
         if current.token:
@@ -272,6 +291,13 @@ class DriftReconciler:
         self.metrics.publish(current.tally, seconds, self.wall())
         log.info("%s in %.1f s", current.tally.summary(), seconds)
         return True
+
+    def _limit(self, current: _Pass) -> int:
+        """Pods to ask for: as many as fit ``page_bytes`` at the largest size seen (a few at
+        first), at most ``page_size``."""
+        if not current.largest:
+            return min(FIRST_PAGE, self.page_size)
+        return max(1, min(self.page_size, self.page_bytes // current.largest))
 
     def _abandon(self, why: str) -> NoReturn:
         self._pass = None

@@ -89,11 +89,14 @@ class AuditConfig(Strict):
 
 class DriftConfig(Strict):
     """The controller's drift reconciler (docs/operations.md): every stored Pod judged as the webhook
-    would judge it today, one pass every ``intervalSeconds``, listing ``pageSize`` Pods at a time."""
+    would judge it today, one pass every ``intervalSeconds``, listing at most ``pageSize`` Pods and
+    about ``pageBytes`` of them at a time (the page shrinks for large Pods: its memory is bounded
+    whatever the Pods' size)."""
 
     enabled: bool = True
     intervalSeconds: float = Field(default=300.0, ge=10)
     pageSize: int = Field(default=500, ge=1, le=5000)
+    pageBytes: int = Field(default=8 * 2**20, ge=2**20, le=2**28)
 
 
 class CoreConfig(Strict):

@@ -17,9 +17,17 @@ What counts, per mutator:
   on-demand) is computed over its current siblings, itself left out, and only informs: the split is
   per ReplicaSet, so which of several skipped Pods would have been the spot one is not knowable.
 
-The Pod is judged in the form the webhook would have seen: the scheduler's ``spec.nodeName`` and
-the status are left out (a bound Pod is not denied for having a node). Finished Pods and Pods being
-deleted are not judged: what they missed no longer holds a node.
+- GPU leases: a GPU Pod in a namespace with a GpuLease that carries no charge (the webhook did not
+  see it: it was down, or the Pod or its namespace opted out of it) is its own finding, with what
+  the lease would decide for it now (charge it, queue it, or deny it, with the numbers), whether
+  or not the webhook would be sent the Pod: a lease holds for every Pod of its namespace. A Pod
+  the webhook charged is not drift: it is judged as the review that charged it (its decision uid),
+  and found only when its charge is less than what it asks for (a stamp the webhook did not write).
+
+The Pod is judged in the form the webhook would have seen, at the time given (the lease window):
+the scheduler's ``spec.nodeName`` and the status are left out (a bound Pod is not denied for
+having a node). Finished Pods and Pods being deleted are not judged: what they missed no longer
+holds a node.
 """
 
 from __future__ import annotations
@@ -27,17 +35,31 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.core.engine import Decision, Engine
 from function.core.json_patch import Operation
+from function.core.leases import (
+    CHARGE_ANNOTATION,
+    DECISION_ANNOTATION,
+    LEASE_LABEL,
+    Lease,
+    parse_charge,
+    pod_charge,
+)
 from function.core.mutators.base import Action, RequestContext
-from function.core.pod import Owner, Pod, controller_of
+from function.core.mutators.gpu_leases import NAME as GPU_LEASES
+from function.core.mutators.gpu_leases import GpuLeases, LeaseView, namespace_leases
+from function.core.pod import Owner, Pod, annotations_of, controller_of, labels_of
 from function.core.view import FINISHED_PHASES, PODS, ClusterView
 
 ERROR: Final = "error"
 """The mutator column of a Pod the engine could not judge (an internal error): shown, not drift."""
+UNCHARGED: Final = "uncharged"
+"""The outcome of a Pod the webhook was never sent (it or its namespace opted out) that a lease of
+its namespace does not count: only the lease holds it to anything."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +89,13 @@ class Finding:
 
     @property
     def drift(self) -> bool:
-        return self.outcome in ("mutated", "denied")
+        return self.outcome in ("mutated", "denied", UNCHARGED)
+
+    @property
+    def uncharged(self) -> bool:
+        """A GPU Pod its namespace's lease does not count (what the lease would decide is in
+        ``changes``, as the ``gpu-leases`` change)."""
+        return any(change.mutator == GPU_LEASES for change in self.changes)
 
     @property
     def mutators(self) -> tuple[str, ...]:
@@ -80,6 +108,7 @@ class Finding:
             "uid": self.uid,
             "owner": {"kind": self.owner.kind, "name": self.owner.name} if self.owner.uid else None,
             "outcome": self.outcome,
+            "uncharged": self.uncharged,
             "mutators": [
                 {"mutator": c.mutator, "action": c.action, "reason": c.reason} for c in self.changes
             ],
@@ -141,6 +170,12 @@ class WithoutPod:
     def synced(self, name: str) -> bool:
         return self._base.synced(name)
 
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        """The base view's sums (a lease's use): the Pod left out is never among them, since a
+        charged Pod is judged as charged before anything counts."""
+        inner = getattr(self._base, "tally", None)
+        return tuple(inner(name, key)) if callable(inner) else ()
+
 
 class _Without(Mapping[str, Any]):
     """``records`` minus one key, without copying them (an index may hold 100,000 Pods)."""
@@ -162,28 +197,107 @@ class _Without(Mapping[str, Any]):
         return len(self._records) - 1  # built only when the key is present
 
 
-def judge(engine: Engine, stored: Mapping[str, Any], view: ClusterView) -> Finding | None:
-    """What the webhook would do to ``stored`` if it were created now, over ``view`` (the Pod itself
-    left out of it); None when it would change nothing (or the Pod is not judged, see ``judged``)."""
+def lease_mutator(engine: Engine) -> GpuLeases | None:
+    """The engine's gpu-leases mutator (enforcing), when the configuration enables it."""
+    return next((m for m in engine.mutators if isinstance(m, GpuLeases)), None)
+
+
+def judge(
+    engine: Engine,
+    stored: Mapping[str, Any],
+    view: ClusterView,
+    now: datetime | None = None,
+    sent: bool = True,
+) -> Finding | None:
+    """What the webhook would do to ``stored`` if it were created ``now``, over ``view`` (the Pod
+    itself left out of it); None when it would change nothing (or the Pod is not judged, see
+    ``judged``). ``sent``: whether the registration sends the Pod's namespace to the webhook at all
+    (not an opted-out namespace); a Pod not sent is held only to its namespace's GpuLeases. Without
+    ``now`` no lease is judged (the GPU leases mutator then says the view is not ready)."""
     if not judged(stored):
         return None
     metadata = _metadata(stored)
     namespace, uid = _text(metadata.get("namespace")), _text(metadata.get("uid"))
+    cluster: ClusterView = WithoutPod(view, uid) if uid else view
+    if now is not None:
+        cluster = LeaseView(cluster, now)
+    pod = as_admitted(stored)
     context = RequestContext(
-        uid="",  # no admission uid: a spot decision writes none, so a placed Pod reads as decided
+        # The uid of the review that charged the Pod: judged as that review, a charged Pod reads as
+        # charged. None for other Pods: a spot decision writes no uid, so a placed Pod reads as
+        # decided.
+        uid=_charged_by(pod),
         namespace=namespace,
         operation="CREATE",
-        cluster=WithoutPod(view, uid) if uid else view,
+        cluster=cluster,
     )
-    decision = engine.decide(as_admitted(stored), context)
-    if decision.outcome == "unchanged":
+    owner, name = controller_of(metadata), _text(metadata.get("name"))
+    leases = lease_mutator(engine) if now is not None else None
+    if sent and labels_of(pod).get(OPT_OUT_LABEL) != OPT_OUT_VALUE and namespace not in _excluded(engine):
+        decision = engine.decide(pod, context)
+        if decision.outcome != "unchanged":
+            return _finding(namespace, name, uid, owner, decision)
+        if leases is None:
+            return None
+        undercharged = _undercharged(pod, leases, context)
+        return (
+            None if undercharged is None else Finding(namespace, name, uid, owner, UNCHARGED, (undercharged,))
+        )
+    if leases is None:
         return None
-    return _finding(namespace, _text(metadata.get("name")), uid, controller_of(metadata), decision)
+    change = _undercharged(pod, leases, context) if _charged_by(pod) else _lease_would(pod, leases, context)
+    return None if change is None else Finding(namespace, name, uid, owner, UNCHARGED, (change,))
+
+
+def _excluded(engine: Engine) -> frozenset[str]:
+    return frozenset(engine.config.excludedNamespaces)
+
+
+def _charged_by(pod: Pod) -> str:
+    """The decision uid of the review that charged the Pod ("" when it carries no charge)."""
+    if not labels_of(pod).get(LEASE_LABEL):
+        return ""
+    return _text(annotations_of(pod).get(DECISION_ANNOTATION))
+
+
+def _lease_would(pod: Pod, leases: GpuLeases, context: RequestContext) -> Change | None:
+    """What the namespace's lease would decide for an uncharged Pod; None when it asks for no GPU
+    or no lease here would count it."""
+    if not namespace_leases(context.cluster, context.namespace) and not leases.config.requireLease:
+        return None
+    verdict = leases.decide(pod, context)
+    if verdict is None or (verdict.admit and not verdict.state):
+        return None
+    action = "denied" if not verdict.admit else "mutated"
+    return Change(GPU_LEASES, action, f"uncharged: {verdict.message}")
+
+
+def _undercharged(pod: Pod, leases: GpuLeases, context: RequestContext) -> Change | None:
+    """A charged Pod whose charge is less than what it asks for (its lease's model decides a
+    slice's size): a stamp the webhook did not write, counted for less than it holds."""
+    charged_to = labels_of(pod).get(LEASE_LABEL)
+    if not charged_to:
+        return None
+    lease = next(
+        (lease for lease in namespace_leases(context.cluster, context.namespace) if lease.name == charged_to),
+        None,
+    )
+    model = lease.model if isinstance(lease, Lease) else ""
+    needs = pod_charge(pod, leases.units, model)
+    stamped = parse_charge(annotations_of(pod).get(CHARGE_ANNOTATION))
+    if stamped >= needs:
+        return None
+    return Change(
+        GPU_LEASES,
+        "mutated",
+        f"undercharged: charged {stamped}m to gpu lease {charged_to}, but the Pod asks for {needs}m",
+    )
 
 
 def _finding(namespace: str, name: str, uid: str, owner: Owner, decision: Decision) -> Finding:
+    # The GPU leases mutator acts on a stored Pod only when the Pod carries no charge of its own.
     changes = tuple(
-        Change(d.mutator, d.action.value, d.reason)
+        Change(d.mutator, d.action.value, f"uncharged: {d.reason}" if d.mutator == GPU_LEASES else d.reason)
         for d in decision.decisions
         if not d.shadow and d.action is not Action.unchanged
     )
@@ -198,6 +312,8 @@ class Tally:
     judged: int = 0
     drifted: int = 0
     errors: int = 0
+    uncharged: int = 0
+    """Of the drifted: GPU Pods a lease of their namespace does not count."""
     by_mutator_namespace: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def add(self, finding: Finding | None) -> None:
@@ -206,6 +322,7 @@ class Tally:
             return
         if finding.drift:
             self.drifted += 1
+            self.uncharged += finding.uncharged
         else:
             self.errors += 1
         for mutator in finding.mutators:
@@ -220,8 +337,10 @@ class Tally:
             for (mutator, namespace), count in sorted(self.by_mutator_namespace.items())
         )
         errors = f", {self.errors} not judged (internal error)" if self.errors else ""
+        uncharged = f" ({self.uncharged} uncharged by their namespace's GPU lease)" if self.uncharged else ""
         return (
-            f"drift: {self.judged} Pod(s) judged, {self.drifted} the webhook would change{errors} ({parts})"
+            f"drift: {self.judged} Pod(s) judged, {self.drifted} the webhook would change{uncharged}"
+            f"{errors} ({parts})"
         )
 
 
@@ -243,13 +362,19 @@ def findings(
     view: ClusterView,
     tally: Tally | None = None,
     opted_out: frozenset[str] = frozenset(),
+    now: datetime | None = None,
 ) -> Iterator[Finding]:
-    """Each stored Pod judged in turn (one at a time: a paged list stays a page in memory); the
-    findings, and every judged Pod counted in ``tally``."""
+    """Each stored Pod judged in turn at ``now`` (one at a time: a paged list stays a page in
+    memory); the findings, and every judged Pod counted in ``tally``. A Pod of an ``opted_out``
+    namespace is held to its namespace's GpuLeases only (the webhook is never sent it)."""
+    leases = now is not None and lease_mutator(engine) is not None
     for pod in pods:
-        if not judged(pod) or _text(_metadata(pod).get("namespace")) in opted_out:
+        if not judged(pod):
             continue
-        finding = judge(engine, pod, view)
+        namespace = _text(_metadata(pod).get("namespace"))
+        if namespace in opted_out and not leases:
+            continue  # never sent to the webhook, and no lease to hold it to
+        finding = judge(engine, pod, view, now, sent=namespace not in opted_out)
         if tally is not None:
             tally.add(finding)
         if finding is not None:

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import yaml
@@ -20,6 +21,7 @@ from function.contract import EXIT_BAD_INPUT
 from function.core.config import Config, ConfigError, watches_for
 from function.core.drift import Finding, Tally, findings, opted_out_namespaces
 from function.core.engine import Engine
+from function.core.mutators.gpu_leases import NAME as GPU_LEASES
 from function.core.view import PODS, REPLICASETS
 from function.offline import state_file
 
@@ -28,7 +30,9 @@ EXIT_DRIFT = 1
 """As ``kubectl diff`` and ``diff``: 1 means differences were found."""
 EXIT_NOT_JUDGED = 3
 """An internal error kept some Pod from being judged (as for ``castslice mutate``)."""
-STATE_HINT = "kubectl get pods,replicasets,namespaces -A -o yaml > STATE.yaml"
+STATE_HINT = (
+    "kubectl get pods,replicasets,namespaces -A -o yaml > STATE.yaml; add gpuleases with GPU leases on"
+)
 
 
 WOULD = {"mutated": "change", "denied": "deny"}
@@ -39,9 +43,14 @@ def _kind(obj: Mapping[str, Any], kind: str) -> bool:
 
 
 def report(
-    config: Config, objects: Iterable[Mapping[str, Any]], namespace: str | None = None
+    config: Config,
+    objects: Iterable[Mapping[str, Any]],
+    namespace: str | None = None,
+    now: datetime | None = None,
 ) -> tuple[list[Finding], Tally]:
-    """The findings over the objects of a state file (only ``namespace``'s Pods when given)."""
+    """The findings over the objects of a state file (only ``namespace``'s Pods when given), at
+    ``now`` (default: the clock; GpuLease windows are judged at it)."""
+    now = now or datetime.now(UTC)
     objects = list(objects)
     view = state_file.view_of(objects, watches_for(config) or (PODS, REPLICASETS))
     pods = [
@@ -52,7 +61,7 @@ def report(
     ]
     opted_out = opted_out_namespaces(obj for obj in objects if _kind(obj, "Namespace"))
     tally = Tally()
-    found = list(findings(Engine(config), pods, view, tally, opted_out))
+    found = list(findings(Engine(config), pods, view, tally, opted_out, now))
     return found, tally
 
 
@@ -79,7 +88,11 @@ def write(found: list[Finding], tally: Tally, output: str, out: TextIO) -> None:
         if not finding.changes:
             rows.append((finding.namespace, finding.name, _owner(finding), "-", finding.reason))
         for change in finding.changes:
-            would = f"{WOULD.get(change.action, change.action)}: {change.reason}"
+            would = (
+                change.reason  # uncharged: what the lease would decide
+                if change.mutator == GPU_LEASES
+                else f"{WOULD.get(change.action, change.action)}: {change.reason}"
+            )
             rows.append((finding.namespace, finding.name, _owner(finding), change.mutator, would))
     if len(rows) == 1:
         return

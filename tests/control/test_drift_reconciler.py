@@ -220,3 +220,29 @@ def test_the_plugin_is_on_by_default_with_the_configured_interval_and_page() -> 
         ConfigError, match=r"drift.intervalSeconds: Input should be greater than or equal to 10"
     ):
         parse_config({"drift": {"intervalSeconds": 1}})
+
+
+def test_a_page_holds_about_page_bytes_whatever_the_pods_size(api: FakeApiServer) -> None:
+    """Large Pods (a 300 kB argument each here) are listed a few at a time: memory holds about
+    ``page_bytes`` of them, not ``page_size``."""
+    large = []
+    for n in range(40):
+        big = pod(f"large-{n}", "ml")
+        big["spec"]["containers"][0]["args"] = ["x" * 300_000]
+        large.append(big)
+    api.load("/api/v1/pods", large)
+    drift = DriftReconciler(Engine(CONFIG), KubeApi(transport_for(api.url).configuration), lambda e: None,
+                            page_size=500, page_bytes=2**20)  # fmt: skip
+    tally = drift.run_pass(lambda: view_of(api))
+    assert tally is not None and tally.judged == 40
+    limits = [int(seen.query["limit"]) for seen in api.requests() if seen.path == "/api/v1/pods"]
+    assert limits[0] == 16 and set(limits[1:]) == {3}  # 1 MiB // ~300 kB
+
+
+def test_a_lost_lead_drops_the_pass_and_its_figures(api: FakeApiServer) -> None:
+    api.load("/api/v1/pods", [pod("missed", "ml")])
+    drift = reconciler(api, [])
+    drift.run_pass(lambda: view_of(api))
+    assert gauge(drift.metrics) == {("gpu-slicing", "ml"): 1.0}
+    drift.forget_term()
+    assert gauge(drift.metrics) == {}

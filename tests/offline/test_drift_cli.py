@@ -186,3 +186,44 @@ def test_bad_input_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert code == 2 and "'items' of a List must be a list" in err
     code, _, err = run(monkeypatch, "audit", "summary", "-o", "yaml", "--db", ":memory:")
     assert code == 2 and "-o yaml is for drift only" in err
+
+
+def test_with_gpu_leases_exactly_the_uncharged_pods_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A charged Pod (the stamp the webhook writes, with its decision uid) is not drift; a GPU Pod
+    of the leased namespace without one is, opted out of the webhook or not, with what the lease
+    would decide."""
+    lease = {
+        "apiVersion": "castops.io/v1alpha1",
+        "kind": "GpuLease",
+        "metadata": {
+            "name": "h100",
+            "namespace": "ml",
+            "uid": "lease-1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"gpuModel": "H100", "count": 4},
+    }
+    stamp = {
+        "labels": {"castops.io/gpu-lease": "h100", "castops.io/gpu-lease-state": "charged"},
+        "annotations": {"castops.io/gpu-lease-charge": "1000m", "castops.io/gpu-lease-decision": "a-1"},
+    }
+    items = [
+        lease,
+        pod("charged", "ml", **stamp),
+        pod("skipped", "ml"),
+        pod("opted-out", "ml", labels={"castops.io/webhook": "ignore"}),
+        pod("elsewhere", "lab"),
+    ]
+    cluster, config = tmp_path / "state.yaml", tmp_path / "config.yaml"
+    cluster.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    config.write_text(yaml.safe_dump({"gpuSlicing": {"enabled": False}, "gpuLeases": {"enabled": True}}))
+    code, out, err = run(
+        monkeypatch, "audit", "drift", "--cluster", str(cluster), "--config", str(config), "-o", "json"
+    )
+    assert code == 1, err
+    document = json.loads(out)
+    assert sorted(p["name"] for p in document["pods"]) == ["opted-out", "skipped"]
+    assert all(p["uncharged"] and p["mutators"][0]["mutator"] == "gpu-leases" for p in document["pods"])
+    assert "2 uncharged by their namespace's GPU lease" in err

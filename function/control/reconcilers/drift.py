@@ -1,5 +1,6 @@
 """The drift reconciler as a plug-in of ``castslice control`` (function/control/drift.py): on by
-default (``drift.enabled``), a pass every ``drift.intervalSeconds``, ``drift.pageSize`` Pods a page,
+default (``drift.enabled``), a pass every ``drift.intervalSeconds``, at most ``drift.pageSize`` Pods
+and about ``drift.pageBytes`` a page,
 each Pod found a CloudEvent on the audit sink."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def build(config: Config, api: Api) -> DriftReconciler | None:
         watches=drift_watches(config),
         interval=config.drift.intervalSeconds,
         page_size=config.drift.pageSize,
+        page_bytes=config.drift.pageBytes,
     )
 
 
