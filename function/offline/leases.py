@@ -3,14 +3,16 @@ show, from what ``kubectl get pods,gpuleases -A -o yaml`` printed."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from function.core.config import Config
+from function.core.engine import build_mutators
 from function.core.leases import CHARGED_PODS, LEASES, gpus, until
 from function.core.mutators.base import RequestContext
-from function.core.mutators.gpu_leases import GpuLeases, LeaseView, Verdict
+from function.core.mutators.gpu_leases import NAME, GpuLeases, LeaseView, Verdict
 from function.core.view import ClusterView
 
 STATE_SPECS = (LEASES, CHARGED_PODS)
@@ -33,8 +35,19 @@ def with_gpu_leases(
 def lease_lines(config: Config, pod: dict[str, Any], namespace: str, cluster: ClusterView) -> Iterator[str]:
     """The arithmetic of one Pod, for ``castslice explain``."""
     config, view = with_gpu_leases(config, cluster)
-    mutator = GpuLeases(config.section("gpuLeases"))
-    verdict = mutator.decide(pod, RequestContext(uid="explain", namespace=namespace, cluster=view))
+    context = RequestContext(uid="explain", namespace=namespace, cluster=view)
+    # The lease charges the Pod as the mutators before it leave it (slicing into a claim, vGPU),
+    # with the claims they declare: what the webhook would charge, not the manifest as written.
+    judged = copy.deepcopy(pod)
+    mutator: Any = None
+    for candidate in build_mutators(config, config.section("gpuLeases").mode):
+        if candidate.name == NAME:
+            mutator = candidate
+            break
+        candidate.mutate(judged, context)
+    if not isinstance(mutator, GpuLeases):
+        mutator = GpuLeases(config.section("gpuLeases"))
+    verdict = mutator.decide(judged, context)
     if verdict is None:
         yield "  gpu lease: asks for no GPU"
         return

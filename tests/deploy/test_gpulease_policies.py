@@ -46,7 +46,7 @@ def test_every_policy_fails_closed_and_is_bound() -> None:
         binding = found[(f"{kind}Binding", name)]
         assert binding["spec"]["policyName"] == name
         if kind == "ValidatingAdmissionPolicy":
-            assert binding["spec"]["validationActions"] == ["Deny"]
+            assert binding["spec"]["validationActions"][0] == "Deny"
 
 
 def test_the_witness_marks_exactly_the_stamp_keys_and_runs_once_before_the_webhooks() -> None:
@@ -60,6 +60,12 @@ def test_the_witness_marks_exactly_the_stamp_keys_and_runs_once_before_the_webho
     assert set(cel_strings(written["expression"])) >= keys
     (mutation,) = witness["mutations"]
     assert f"'{leases.FORGED_ANNOTATION}'" in mutation["applyConfiguration"]["expression"]
+
+
+def test_a_refused_stamp_or_uncharged_gpu_pod_is_in_the_audit_log() -> None:
+    for name in ("castslice-gpulease-forged", "castslice-gpulease-required"):
+        binding = policies()[("ValidatingAdmissionPolicyBinding", name)]
+        assert binding["spec"]["validationActions"] == ["Deny", "Audit"]
 
 
 def test_the_mark_is_refused_in_every_namespace() -> None:

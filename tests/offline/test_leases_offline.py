@@ -83,3 +83,23 @@ def test_explain_shows_the_lease_arithmetic(
     assert "gpu lease: LeaseExhausted (refused)" in out
     assert "count:     8 GPU; used 6, queued 0, overflow 0 (1 Pods); free 2" in out
     assert "this Pod:  4 GPU -> 10 of 8" in out
+
+
+def test_explain_charges_what_the_webhook_charges_after_slicing_into_a_claim(
+    monkeypatch: pytest.MonkeyPatch, state: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("gpuSlicing: {enabled: true, backend: dra, dra: {missingTemplate: warn}}\n")
+    manifest = tmp_path / "pod.yaml"
+    opted_in = pod(1).replace(
+        "metadata: {name: train-1, namespace: ml}",
+        "metadata: {name: train-1, namespace: ml, annotations: "
+        '{castops.io/optimize: "true", castops.io/slice-ratio: "4"}}',
+    )
+    manifest.write_text(opted_in)
+    code, out, _ = run(
+        monkeypatch, "explain", "-f", str(manifest), "--cluster", state, "--config", str(config)
+    )
+    assert code == 0, out
+    assert "gpu lease: Charged (admitted)" in out
+    assert "this Pod:  0.5 GPU -> 6.5 of 8" in out  # 4 of a device's 8 shares, as the webhook charges
