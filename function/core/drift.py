@@ -279,7 +279,7 @@ def _undercharged(pod: Pod, leases: GpuLeases, context: RequestContext) -> Chang
     if not charged_to:
         return None
     lease = next(
-        (lease for lease in namespace_leases(context.cluster, context.namespace) if lease.name == charged_to),
+        (lease for lease in namespace_leases(context.cluster, context.namespace) if lease.label == charged_to),
         None,
     )
     model = lease.model if isinstance(lease, Lease) else ""

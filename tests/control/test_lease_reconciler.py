@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -225,6 +226,24 @@ def test_gpu_hours_add_up_exactly_between_changes_for_bound_pods_only() -> None:
     assert cluster.status()["consumed"]["gpuHours"] == "6.000000"
     reconcile(r, cluster, NOW + timedelta(hours=4))
     assert cluster.status()["consumed"]["gpuHours"] == "7.000000"
+
+
+def test_gpu_hours_count_no_fraction_of_a_second_twice() -> None:
+    """``since`` is written to the second: the hours of a write end there, not at the exact clock,
+    so a write every 400 ms for a minute still adds up to one GPU-minute."""
+    cluster = Cluster(lease_obj(), [pod(1)])
+    r = LeaseReconciler(cluster)
+    for tick in range(151):
+        cluster.pods[0]["metadata"]["labels"]["tick"] = str(tick)
+        lease = cluster.lease
+        assert lease is not None
+        lease.setdefault("status", {}).setdefault("conditions", [])
+        # Force a write every time: each one a change of what is running.
+        cluster.pods[0]["spec"]["nodeName"] = "gpu-1" if tick % 2 == 0 else ""
+        reconcile(r, cluster, NOW + timedelta(milliseconds=400 * tick))
+    written = Decimal(cluster.status()["consumed"]["gpuHours"])
+    # Bound on every even tick, for the 400 ms after it: 75 x 0.4 s, written to the second.
+    assert abs(written * 3600 - Decimal(30)) <= 1
 
 
 def test_gpu_hours_stay_exact_across_leaders_whose_memory_starts_empty() -> None:

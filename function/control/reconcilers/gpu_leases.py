@@ -215,7 +215,10 @@ def desired_status(
     """The status fields this controller owns (pure), computed from the status the object shows
     (``lease.status``): GPU-hours add what was running since the last write."""
     phase = lease.phase(now)
-    hours = Consumed.of(lease.status).hours_at(now)
+    # Up to the whole second ``since`` is written at: what lies after it is added by the next write
+    # (counted up to ``now`` instead, each write would count its fraction of a second twice).
+    moment = now.replace(microsecond=0)
+    hours = Consumed.of(lease.status).hours_at(moment)
     overage = max(usage.used - lease.count, 0)
     previous = conditions_of(lease.status)
     messages = {
@@ -249,7 +252,7 @@ def desired_status(
         "overage": gpus(overage),
         "overflow": gpus(usage.overflow),
         "pods": usage.pods,
-        "consumed": {"gpuHours": hours_text(hours), "since": time_text(now), "running": gpus(running)},
+        "consumed": {"gpuHours": hours_text(hours), "since": time_text(moment), "running": gpus(running)},
         "observedGeneration": lease.generation,
         "conditions": [
             condition("Active", phase == Phase.Active, phase.value, messages[phase]),
