@@ -17,8 +17,8 @@ def run(args: argparse.Namespace) -> int:
     from function.config_file import load_config, load_config_file
     from function.control.process import ControlSettings, own_identity, own_namespace, run_control
     from function.core.config import ConfigError
-    from function.kube.watch import NoCredentials
-    from function.serve.app import configure_logging
+    from function.kube.credentials import NoCredentials
+    from function.logs import configure_logging
 
     configure_logging()
     try:

@@ -93,7 +93,13 @@ class Controller:
         self.watcher = ClusterWatcher(
             specs, transport, registry=self.registry, freeze_gc=True, listener=self._changed
         )
-        self.runner = Runner(reconcilers, self.watcher.snapshot, self.registry, now=now)
+        self.runner = Runner(
+            reconcilers,
+            self.watcher.snapshot,
+            self.registry,
+            lambda indices, timeout: self.watcher.wait_synced(timeout, indices),
+            now=now,
+        )
         self.elector = LeaderElector(
             LeaseLock(api, settings.lease_namespace, settings.lease_name),
             settings.identity,
@@ -185,14 +191,12 @@ def _handler(controller: Controller) -> type[BaseHTTPRequestHandler]:
 
 def run_control(config: Config, settings: ControlSettings, environ: Mapping[str, str] | None = None) -> int:
     """Run until SIGTERM or SIGINT; then hand the Lease over and return 0."""
-    from function.kube.client import kube_api
-    from function.kube.watch import kube_transport
+    from function.kube.client import kube_client
 
     environ = os.environ if environ is None else environ
-    api = kube_api(environ)
-    transport = kube_transport(environ)
-    reconcilers = build_reconcilers(config, api)
-    controller = Controller(reconcilers, api, transport, settings)
+    client = kube_client(environ, user_agent="castslice-control")  # its writes and its watches
+    reconcilers = build_reconcilers(config, client)
+    controller = Controller(reconcilers, client, client, settings)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -32,7 +32,8 @@ Optional: ``register(registry)``, to put the reconciler's own metrics on the pro
 ``/metrics`` (called once, when the runner is built).
 
 Only the leader reconciles; every replica keeps its watches running, so a new leader starts with
-a warm view and does one full pass (``keys``) before anything else.
+a warm view and does one full pass (``keys``) before anything else. No reconciler works before
+the watches it declares have listed (the runner waits on the view's ``wait_synced`` for them).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,6 +25,12 @@ from function.core.view import ClusterView, Record
 log = logging.getLogger("castslice.control")
 
 BACKOFF_START, BACKOFF_MAX = 0.5, 60.0
+SYNC_POLL = 0.2
+"""How often a worker waiting for its watches to list looks whether it was stopped meanwhile."""
+
+WaitSynced = Callable[[Iterable[str], float], bool]
+"""``(indices, timeout) -> listed``: blocks until the view has listed those indices once, at most
+``timeout`` seconds (the watcher's ``wait_synced``)."""
 
 
 class ControlMetrics:
@@ -140,6 +146,7 @@ class Worker:
         self,
         reconciler: Reconciler,
         snapshot: Callable[[], ClusterView],
+        wait_synced: WaitSynced,
         metrics: ControlMetrics,
         now: Callable[[], datetime],
         clock: Callable[[], float],
@@ -147,6 +154,7 @@ class Worker:
         self.reconciler = reconciler
         self.queue = WorkQueue(clock)
         self._snapshot, self._metrics, self._now, self._clock = snapshot, metrics, now, clock
+        self._wait_synced = wait_synced
         self._failures: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._last_resync = clock()
@@ -174,6 +182,15 @@ class Worker:
         self._last_resync = self._clock()
 
     def _run(self) -> None:
+        # No work before the watches this reconciler reads have listed: its first pass over
+        # ``keys`` would judge a half-known cluster (and act on it: delete, evict, write status).
+        indices = [spec.index for spec in self.reconciler.watches]
+        if not self._wait_synced(indices, 0.0):
+            log.info("reconciler %s waits for its watches to list: %s", self.reconciler.name, indices)
+            while not self._wait_synced(indices, SYNC_POLL):
+                if self._closed():
+                    return
+        self.enqueue_all()
         while True:
             key = self.queue.get(timeout=1.0)
             if key is None:
@@ -223,14 +240,16 @@ class Runner:
         reconcilers: Sequence[Reconciler],
         snapshot: Callable[[], ClusterView],
         registry: CollectorRegistry,
+        wait_synced: WaitSynced,
         *,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         clock: Callable[[], float] = time.monotonic,
         stop_timeout: float = 4.0,
     ) -> None:
-        """``stop_timeout``: how long losing leadership waits for a reconcile in flight; it must
-        stay under lease duration - renew deadline (5 s by default) so the old leader is quiet
-        before another can lead."""
+        """``wait_synced``: the view's barrier; each worker starts reconciling once the indices
+        its reconciler watches have listed. ``stop_timeout``: how long losing leadership waits for
+        a reconcile in flight; it must stay under lease duration - renew deadline (5 s by default)
+        so the old leader is quiet before another can lead."""
         names = [reconciler.name for reconciler in reconcilers]
         if len(set(names)) != len(names):
             raise ValueError(f"two reconcilers share a name: {names}")
@@ -242,6 +261,7 @@ class Runner:
             if callable(register):  # optional: a reconciler's own metrics, on the process's /metrics
                 register(registry)
         self._snapshot, self._now, self._clock = snapshot, now, clock
+        self._wait_synced = wait_synced
         self._stop_timeout = stop_timeout
         self._lock = threading.Lock()
         self._workers: dict[str, Worker] = {}
@@ -258,8 +278,9 @@ class Runner:
         with self._lock:
             self.metrics.is_leader.set(1)
             for reconciler in self.reconcilers:
-                worker = Worker(reconciler, self._snapshot, self.metrics, self._now, self._clock)
-                worker.enqueue_all()
+                worker = Worker(
+                    reconciler, self._snapshot, self._wait_synced, self.metrics, self._now, self._clock
+                )
                 self._workers[reconciler.name] = worker
                 worker.start()
 

@@ -1,11 +1,12 @@
-"""The controller's writes to the apiserver: one small request function, and the calls built on it.
+"""The one client every process talks to the apiserver with, and its one error.
 
-The reads come from the cluster view's watches (``function/kube/watch.py``); what a reconciler
-writes (a Lease for leader election, status by Server-Side Apply, Events, Evictions, Pod patches)
-goes through ``Api.request``. The kubernetes client's generated methods have no typed
-Server-Side Apply (kubernetes-client/python #1430) and their signatures move between releases, so
-as the view does, the client is used for credentials, TLS and token refresh (its
-``Configuration`` and urllib3 pool) and the requests are a few lines here.
+The reads that feed the cluster view stream through ``KubeClient.get`` (the list+watch,
+``function/kube/watch.py``); everything else (a Lease for leader election, status by Server-Side
+Apply, Events, Evictions, Pod patches, certgen's Secret, doctor's checks) goes through
+``Api.request``. The kubernetes client's generated methods have no typed Server-Side Apply
+(kubernetes-client/python #1430), take no custom ``Accept`` for PartialObjectMetadata, and their
+signatures move between releases, so the client is used for what it is good at - credentials, TLS
+and token refresh (its ``Configuration`` and urllib3 pool) - and the requests are a few lines here.
 """
 
 from __future__ import annotations
@@ -19,12 +20,24 @@ from urllib.parse import quote, urlencode
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+REQUEST_CONNECT_TIMEOUT = 5.0
+"""A request's connect timeout: short, so a leader's renewal retries within its renew deadline."""
+STREAM_CONNECT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
 class ApiResponse:
     status: int
     body: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, status: int, data: bytes) -> ApiResponse:
+        """The response to a request: its JSON body, or a body that is not JSON as the message."""
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError:
+            parsed = {"message": data[:300].decode("utf-8", "replace")}
+        return cls(status, parsed if isinstance(parsed, Mapping) else {})
 
     @property
     def ok(self) -> bool:
@@ -37,7 +50,8 @@ class ApiResponse:
 
 
 class ApiError(RuntimeError):
-    """A write the apiserver refused; ``status`` tells a conflict (409) from the rest."""
+    """A request the apiserver refused, ``what`` was asked named first; ``status`` tells a
+    conflict (409) or a gone resourceVersion (410) from the rest."""
 
     def __init__(self, what: str, response: ApiResponse) -> None:
         super().__init__(f"{what}: {response.message()}")
@@ -72,15 +86,25 @@ def object_path(group: str, version: str, plural: str, namespace: str, name: str
     return f"{path}/{sub}" if sub else path
 
 
-class KubeApi:
-    """``Api`` over the kubernetes client's Configuration (in-cluster token or kubeconfig)."""
+class KubeClient:
+    """A process's one connection to the apiserver: the kubernetes client's ``Configuration``
+    (credentials, TLS, token refresh) and one urllib3 pool. ``request`` is the ``Api`` the writers
+    and programs call; ``get`` and ``interrupt`` are the ``Transport`` the list+watch streams over
+    (``function/kube/watch.py``)."""
 
-    def __init__(self, configuration: Any, user_agent: str = "castslice-control") -> None:
+    def __init__(self, configuration: Any, user_agent: str = "castslice") -> None:
         from kubernetes.client.rest import RESTClientObject
 
         self.configuration = configuration
         self.user_agent = user_agent
         self._pool = RESTClientObject(configuration).pool_manager
+
+    def _headers(self, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": self.user_agent}
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     def request(
         self,
@@ -94,10 +118,7 @@ class KubeApi:
     ) -> ApiResponse:
         import urllib3
 
-        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
-        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token:
-            headers["Authorization"] = token
+        headers = self._headers("application/json")
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -111,17 +132,43 @@ class KubeApi:
             body=data,
             headers=headers,
             retries=False,
-            timeout=urllib3.Timeout(connect=5.0, read=timeout),
+            timeout=urllib3.Timeout(connect=REQUEST_CONNECT_TIMEOUT, read=timeout),
         )
-        try:
-            parsed = json.loads(response.data) if response.data else {}
-        except ValueError:
-            parsed = {"message": response.data[:300].decode("utf-8", "replace")}
-        return ApiResponse(response.status, parsed if isinstance(parsed, Mapping) else {})
+        return ApiResponse.parse(response.status, response.data)
+
+    def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Any:
+        """A GET whose body is read as it arrives (a list page, a watch stream): the urllib3
+        response, not yet read; the caller releases its connection."""
+        import urllib3
+
+        return self._pool.request(
+            "GET",
+            f"{self.configuration.host}{path}?{urlencode(dict(query))}",
+            headers=self._headers(accept),
+            preload_content=False,
+            retries=False,
+            timeout=urllib3.Timeout(connect=STREAM_CONNECT_TIMEOUT, read=read_timeout),
+        )
+
+    def interrupt(self, response: Any) -> None:
+        """Unblock a thread reading ``response`` (a watch, when stopping)."""
+        shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+: unblocks a reader
+        if callable(shutdown):
+            shutdown()
+        else:
+            getattr(response, "close", lambda: None)()
+
+    def renewed(self) -> KubeClient:
+        """The same credentials on a new connection pool (for a forked process, whose inherited
+        sockets belong to its parent)."""
+        return KubeClient(self.configuration, self.user_agent)
 
 
-def kube_api(environ: Mapping[str, str] | None = None) -> KubeApi:
-    """In-cluster credentials when running in a Pod, else $KUBECONFIG (the view's own rule)."""
-    from function.kube.watch import kube_transport
+def kube_client(
+    environ: Mapping[str, str] | None = None, *, kubeconfig: str | None = None, user_agent: str = "castslice"
+) -> KubeClient:
+    """The client on this process's credentials (``function/kube/credentials.py``); raises
+    NoCredentials naming what was looked for."""
+    from function.kube.credentials import load_configuration
 
-    return KubeApi(kube_transport(environ).configuration)
+    return KubeClient(load_configuration(environ, kubeconfig), user_agent)

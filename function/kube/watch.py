@@ -28,17 +28,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
-from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from function.core.view import ClusterView, IndexState, Record, View, WatchSpec, merge_specs
+from function.kube.client import ApiError, ApiResponse
 
 log = logging.getLogger("castslice.view")
 
 PAGE_SIZE = 500
 """Items per list page: the apiserver's recommended chunk, so 100k Pods never sit in one response."""
-CONNECT_TIMEOUT = 10.0
 WATCH_SECONDS = (240, 360)
 """The server ends each watch after a random time in this range (as client-go does, spreading
 reconnections); our read timeout is a little longer, so a silent dead connection is noticed."""
@@ -63,7 +62,8 @@ class Response(Protocol):
 
 
 class Transport(Protocol):
-    """GET against the apiserver with the process's credentials. The only way the view talks to it."""
+    """GET against the apiserver with the process's credentials (``function/kube/client.py``'s
+    KubeClient, or a test's stand-in). The only way the view talks to it."""
 
     def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Response: ...
 
@@ -74,12 +74,6 @@ class Transport(Protocol):
 
 class Gone(Exception):
     """410: the resourceVersion (or continue token) is too old; the index must be listed again."""
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"HTTP {status}: {detail[:300]}")
-        self.status = status
 
 
 class ViewMetrics:
@@ -164,6 +158,7 @@ class ClusterWatcher:
         self._last_event: dict[str, float] = {}
         self._lists_done: dict[str, int] = {spec.index: 0 for spec in self.specs}
         self._synced_event = threading.Event()
+        self._listed = {spec.index: threading.Event() for spec in self.specs}
         self._requests = 0
         self._freeze_gc = freeze_gc
         self._listener = listener
@@ -192,9 +187,20 @@ class ClusterWatcher:
         self._follow_fork()
         return self._synced_event.is_set()
 
-    def wait_synced(self, timeout: float) -> bool:
+    def wait_synced(self, timeout: float, indices: Iterable[str] | None = None) -> bool:
+        """Block until ``indices`` (default: every index) have been listed once, or ``timeout``
+        seconds have passed; whether they have. The barrier before any work that reads the view
+        (controller-runtime's WaitForCacheSync): a decision over a half-listed cluster is a guess."""
         self._follow_fork()
-        return self._synced_event.wait(timeout)
+        if indices is None:
+            return self._synced_event.wait(timeout)
+        deadline = time.monotonic() + timeout
+        for index in indices:
+            if index not in self._listed:
+                raise ValueError(f"the view does not watch {index!r}: it will never have listed it")
+            if not self._listed[index].wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def _follow_fork(self) -> None:
         """Threads do not survive a fork: ``castslice serve`` builds the app (and starts the watches)
@@ -214,6 +220,7 @@ class ClusterWatcher:
             self._threads = []
             self._open = {}
             self._synced_event = threading.Event()
+            self._listed = {spec.index: threading.Event() for spec in self.specs}
             self._lists_done = {spec.index: 0 for spec in self.specs}
             with self._publish_lock:  # the parent's state, as of the fork: served, but not synced
                 self._published = {
@@ -311,11 +318,11 @@ class ClusterWatcher:
         if response.status != 200:
             # Read the (small Status) body before the connection goes back to the pool: an unread
             # body would be taken for the next response's status line.
-            detail = response.read().decode("utf-8", "replace")
+            refused = ApiResponse.parse(response.status, response.read())
             response.release_conn()
             if response.status == 410:
                 raise Gone()
-            raise ApiError(response.status, f"{verb} {spec.path()}: {detail}")
+            raise ApiError(f"{verb} {spec.path()}", refused)
         return response
 
     def _list(self, spec: WatchSpec) -> str:
@@ -353,6 +360,7 @@ class ClusterWatcher:
         self._lists_done[spec.index] += 1
         self.metrics.synced.labels(spec.index).set(1)
         self._freeze()  # before readiness: the first freeze happens while no review is answered
+        self._listed[spec.index].set()
         if all(state.synced for state in self._published.values()):
             self._synced_event.set()
         self._tell(spec.index, None, None)
@@ -392,12 +400,12 @@ class ClusterWatcher:
         kind = event.get("type")
         obj = event.get("object")
         if not isinstance(obj, Mapping):
-            raise ApiError(0, f"watch {spec.path()}: event without an object: {str(event)[:200]}")
+            raise ValueError(f"watch {spec.path()}: an event without an object: {str(event)[:200]}")
         self._last_event[spec.index] = self._clock()
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
-            raise ApiError(int(obj.get("code") or 0), f"watch {spec.path()}: {obj.get('message', obj)}")
+            raise ApiError(f"watch {spec.path()}", ApiResponse(int(obj.get("code") or 0), obj))
         metadata = obj.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
         new_version = str(metadata.get("resourceVersion") or version)
@@ -454,74 +462,3 @@ def _lines(response: Response) -> Iterator[bytes]:
             yield from complete
     if pending:
         yield pending
-
-
-# -- the real transport ---------------------------------------------------------------------------
-IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-
-
-class KubeTransport:
-    """urllib3 with the kubernetes client's Configuration: its TLS settings, client certificates
-    and bearer token (re-read by the client when an in-cluster token nears expiry)."""
-
-    def __init__(self, configuration: Any) -> None:
-        from kubernetes.client.rest import RESTClientObject
-
-        self.configuration = configuration
-        self._pool = RESTClientObject(configuration).pool_manager
-
-    def get(self, path: str, query: Mapping[str, str], accept: str, read_timeout: float) -> Response:
-        import urllib3
-
-        headers = {"Accept": accept, "User-Agent": "castslice-view"}
-        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token:
-            headers["Authorization"] = token
-        url = f"{self.configuration.host}{path}?{urlencode(dict(query))}"
-        response: Response = self._pool.request(
-            "GET",
-            url,
-            headers=headers,
-            preload_content=False,
-            retries=False,
-            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout),
-        )
-        return response
-
-    def renewed(self) -> KubeTransport:
-        """The same credentials on a new connection pool (for a forked process)."""
-        return KubeTransport(self.configuration)
-
-    def interrupt(self, response: Response) -> None:
-        shutdown = getattr(response, "shutdown", None)  # urllib3 2.3+: unblocks a reader
-        if callable(shutdown):
-            shutdown()
-        else:
-            getattr(response, "close", lambda: None)()
-
-
-class NoCredentials(RuntimeError):
-    """The view must watch but finds no way to reach the apiserver."""
-
-
-def kube_transport(environ: Mapping[str, str] | None = None) -> KubeTransport:
-    """In-cluster credentials (the ServiceAccount token) when running in a Pod, else $KUBECONFIG
-    (or ~/.kube/config) for local runs."""
-    from kubernetes import client, config
-
-    environ = os.environ if environ is None else environ
-    configuration = client.Configuration()
-    try:
-        if environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=environ.get("KUBECONFIG") or None, client_configuration=configuration
-            )
-    except (config.ConfigException, OSError) as error:
-        raise NoCredentials(
-            "an enabled mutator needs the cluster view (list/watch), but there are no credentials: "
-            f"no mounted ServiceAccount token ({IN_CLUSTER_TOKEN}) and no usable kubeconfig "
-            f"(KUBECONFIG={environ.get('KUBECONFIG', '')!r}): {error}"
-        ) from error
-    return KubeTransport(configuration)

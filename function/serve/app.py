@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,7 +22,8 @@ from function.config_file import load_config
 from function.core.config import Config, watches_for
 from function.core.engine import Engine
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
-from function.kube.watch import ClusterWatcher, Transport, kube_transport
+from function.kube.watch import ClusterWatcher, Transport
+from function.logs import configure_logging
 from function.serve.draining import DRAINING
 from function.serve.http_api import HttpReply, WebhookHttp, problem
 from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
@@ -31,15 +31,6 @@ from function.serve.offload import LargeReviews
 from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
 
 log = logging.getLogger("castslice.app")
-
-
-def configure_logging() -> None:
-    # Logs go to stderr; stdout is reserved for audit events (JSON lines) so the two never mix.
-    if not logging.getLogger("castslice").handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("castslice").addHandler(handler)
-        logging.getLogger("castslice").setLevel(os.environ.get("CASTSLICE_LOG_LEVEL", "INFO").upper())
 
 
 def build_webhook(
@@ -168,6 +159,17 @@ class WebhookOnDemand:
             return problem(503, f"not started: {error}")
 
 
+def view_client(environ: Mapping[str, str]) -> Transport:
+    """The process's client, for the watches an enabled mutator needs (its only use of the apiserver)."""
+    from function.kube.client import kube_client
+    from function.kube.credentials import NoCredentials
+
+    try:
+        return kube_client(environ, user_agent="castslice-view")
+    except NoCredentials as error:
+        raise NoCredentials(f"an enabled mutator needs the cluster view (list/watch): {error}") from error
+
+
 def start_watcher(
     specs: tuple[WatchSpec, ...],
     environ: Mapping[str, str],
@@ -184,7 +186,7 @@ def start_watcher(
     log.info("cluster view: watching %s", watched)
     watcher = ClusterWatcher(
         specs,
-        transport if transport is not None else kube_transport(environ),
+        transport if transport is not None else view_client(environ),
         registry=registry,
         freeze_gc=freeze_gc,
         listener=listener,

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"castslice serve: {error}", file=sys.stderr)
         return 2
-    from function.kube.watch import NoCredentials, kube_transport
+    from function.kube.credentials import NoCredentials
+    from function.serve.app import view_client
     from function.serve.asgi import serving_app
 
     if args.target == "mutate" and watches_for(config):
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         # that cannot boot (exit 3). Missing credentials are the user's configuration to fix: say
         # so here, with what was looked for, before forking.
         try:
-            kube_transport()
+            view_client(os.environ)
         except NoCredentials as error:
             print(f"castslice serve: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT

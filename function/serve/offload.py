@@ -178,7 +178,7 @@ def _start_child(config: Config, view_pipe: Connection | None = None) -> None:
     # recorder: the worker records.
     global _admission, _view_pipe
     from function.core.engine import Engine
-    from function.serve.app import configure_logging
+    from function.logs import configure_logging
 
     configure_logging()
     # Lower priority than the worker: on a shared core the scheduler then runs the worker (small

@@ -9,7 +9,7 @@ Not a test (pytest does not collect it, nothing here asserts a time): run it by 
 A stand-in apiserver (tests/support/view.py, in its own process so its objects do not count)
 serves the Pods as PartialObjectMetadata (with managedFields, as a real apiserver sends them),
 10 per ReplicaSet, and a ReplicaSet list. The real ClusterWatcher lists and watches them through
-the real KubeTransport. Printed:
+the real KubeClient. Printed:
 
 - sync: time to list (paginated, 500 a page) and index everything;
 - RSS: the process's resident memory growth from before the watch to after the sync (after a

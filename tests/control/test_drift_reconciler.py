@@ -24,7 +24,6 @@ from function.core.drift import Tally
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, slim_namespace
 from function.core.view import PODS, StaticView, slim_pod
-from function.kube.client import KubeApi
 from tests.support.view import FakeApiServer, transport_for
 
 CONFIG = parse_config({})
@@ -83,7 +82,7 @@ def view_of(api: FakeApiServer) -> StaticView:
 def reconciler(
     api: FakeApiServer, events: list[CloudEvent], clock: Clock | None = None, interval: float = 300.0
 ) -> DriftReconciler:
-    kube = KubeApi(transport_for(api.url).configuration)
+    kube = transport_for(api.url)
     clock = clock or Clock()
     return DriftReconciler(
         Engine(CONFIG), kube, events.append, interval=interval, page_size=2, clock=clock, wall=clock
@@ -206,7 +205,7 @@ def test_under_the_runner_each_reconcile_reads_one_page_and_requeues(api: FakeAp
 
 def test_the_plugin_is_on_by_default_with_the_configured_interval_and_page() -> None:
     assert "drift" in [plugin.name for plugin in PLUGINS]
-    kube = KubeApi(transport_for("http://127.0.0.1:1").configuration)
+    kube = transport_for("http://127.0.0.1:1")
     built = build(
         parse_config({"drift": {"intervalSeconds": 60, "pageSize": 100}, "audit": {"sink": "none"}}), kube
     )
@@ -231,7 +230,7 @@ def test_a_page_holds_about_page_bytes_whatever_the_pods_size(api: FakeApiServer
         big["spec"]["containers"][0]["args"] = ["x" * 300_000]
         large.append(big)
     api.load("/api/v1/pods", large)
-    drift = DriftReconciler(Engine(CONFIG), KubeApi(transport_for(api.url).configuration), lambda e: None,
+    drift = DriftReconciler(Engine(CONFIG), transport_for(api.url), lambda e: None,
                             page_size=500, page_bytes=2**20)  # fmt: skip
     tally = drift.run_pass(lambda: view_of(api))
     assert tally is not None and tally.judged == 40

@@ -1,14 +1,18 @@
 """The controller process as the CLI builds it, on a fake apiserver: it leads, serves /healthz,
-/readyz and /metrics, and hands the Lease over when stopped."""
+/readyz and /metrics, reconciles only once its watches have listed, and hands the Lease over when
+stopped."""
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
+from typing import Any
 
 from function.control.process import Controller, ControlSettings, own_identity, own_namespace
-from tests.control.support import Recorder
+from tests.control.support import THINGS, Recorder
 from tests.support.fake_api import FakeApi
+from tests.support.view import FakeApiServer, transport_for
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/castslice-control"
 
@@ -57,6 +61,43 @@ def test_the_process_leads_serves_its_endpoints_and_releases_on_stop() -> None:
         controller.stop()
     assert api.objects[LEASE_PATH]["spec"]["holderIdentity"] == ""
     assert not controller.runner.leading
+
+
+class HeldLists:
+    """The real client to a stand-in apiserver, whose lists wait until ``listing`` is set."""
+
+    def __init__(self, url: str) -> None:
+        self.inner = transport_for(url)
+        self.listing = threading.Event()
+
+    def get(self, path: str, query: Any, accept: str, read_timeout: float) -> Any:
+        if "watch" not in query:
+            self.listing.wait(30)
+        return self.inner.get(path, query, accept, read_timeout)
+
+    def interrupt(self, response: Any) -> None:
+        self.inner.interrupt(response)
+
+
+def test_the_leader_reconciles_only_once_the_watches_have_listed() -> None:
+    recorder = Recorder(["thing/a"])
+    settings = ControlSettings(lease_namespace="ops", identity="control-0", host="127.0.0.1", port=0)
+    with FakeApiServer() as server:
+        server.load(THINGS.path(), [])
+        transport = HeldLists(server.url)
+        controller = Controller([recorder], FakeApi(), transport, settings)
+        controller.start()
+        try:
+            wait_for(lambda: controller.elector.leading and controller.runner.worker("recorder"))
+            time.sleep(0.5)  # time enough to reconcile, were the worker not held by the barrier
+            assert recorder.seen == []
+            assert get(controller.port, "/readyz")[0] == 503
+            transport.listing.set()
+            wait_for(lambda: recorder.seen)
+            assert [key for key, _ in recorder.seen] == ["thing/a"]
+        finally:
+            transport.listing.set()
+            controller.stop()
 
 
 def test_unhealthy_before_the_elector_runs() -> None:

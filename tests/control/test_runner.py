@@ -1,9 +1,12 @@
 """The runner: a key at most once in the queue, timers, backoff on failure, reconcilers started and
-stopped with leadership, watch changes routed by each reconciler's triggers."""
+stopped with leadership (and reconciling only once their watches have listed), watch changes routed
+by each reconciler's triggers."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -56,8 +59,14 @@ def test_a_key_added_while_it_is_reconciled_runs_again_after_never_beside() -> N
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
 
+def listed(indices: Iterable[str], timeout: float) -> bool:
+    return True  # a StaticView: everything is there from the start
+
+
 def runner(reconciler: Recorder, registry: CollectorRegistry | None = None) -> Runner:
-    return Runner([reconciler], lambda: StaticView({}), registry or CollectorRegistry(), now=lambda: NOW)
+    return Runner(
+        [reconciler], lambda: StaticView({}), registry or CollectorRegistry(), listed, now=lambda: NOW
+    )
 
 
 def wait_for(check: object, timeout: float = 20.0) -> None:
@@ -76,6 +85,45 @@ def test_gaining_leadership_reconciles_every_key_with_the_injected_clock() -> No
         assert sorted(recorder.seen) == [("thing/a", NOW), ("thing/b", NOW)]
     finally:
         r.stop_leading()
+
+
+def test_a_leader_reconciles_nothing_until_the_watches_its_reconciler_declares_have_listed() -> None:
+    recorder = Recorder(["thing/a", "thing/b"])
+    synced = threading.Event()
+    asked: list[list[str]] = []
+
+    def wait_synced(indices: Iterable[str], timeout: float) -> bool:
+        asked.append(list(indices))
+        return synced.wait(timeout)
+
+    r = Runner([recorder], lambda: StaticView({}), CollectorRegistry(), wait_synced, now=lambda: NOW)
+    r.start_leading()
+    try:
+        wait_for(lambda: len(asked) >= 3)  # the worker asked, was told no, and asked again
+        assert recorder.seen == []
+        assert asked[0] == ["things"]  # the indices Recorder.watches declares
+        synced.set()
+        wait_for(lambda: len(recorder.seen) == 2)
+        assert sorted(key for key, _ in recorder.seen) == ["thing/a", "thing/b"]
+    finally:
+        r.stop_leading()
+
+
+def test_a_leader_stopped_while_its_watches_list_stops_without_reconciling() -> None:
+    recorder = Recorder(["thing/a"])
+    asked = threading.Event()
+
+    def never(indices: Iterable[str], timeout: float) -> bool:
+        asked.set()
+        time.sleep(timeout)
+        return False
+
+    r = Runner([recorder], lambda: StaticView({}), CollectorRegistry(), never, now=lambda: NOW)
+    r.start_leading()
+    asked.wait(5)
+    r.stop_leading()
+    worker_threads = [t for t in threading.enumerate() if t.name == "castslice-reconcile-recorder"]
+    assert worker_threads == [] and recorder.seen == []
 
 
 def test_changes_are_ignored_while_not_leading_and_routed_while_leading() -> None:
@@ -156,4 +204,4 @@ def test_reconcilers_must_have_distinct_names() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="share a name"):
-        Runner([Recorder(), Recorder()], lambda: StaticView({}), CollectorRegistry())
+        Runner([Recorder(), Recorder()], lambda: StaticView({}), CollectorRegistry(), listed)

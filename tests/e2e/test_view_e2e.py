@@ -24,7 +24,8 @@ from function.core.config import parse_config
 from function.core.engine import Engine
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.view import PODS, REPLICASETS, ClusterView
-from function.kube.watch import ClusterWatcher, KubeTransport, Response, kube_transport
+from function.kube.client import KubeClient, kube_client
+from function.kube.watch import ClusterWatcher, Response
 from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
 
@@ -49,7 +50,7 @@ def eventually(check: Callable[[], bool], timeout: float = 30.0, what: str = "co
 class Gate:
     """Wraps the real transport: counts requests, and can hold watch requests back."""
 
-    def __init__(self, inner: KubeTransport) -> None:
+    def __init__(self, inner: KubeClient) -> None:
         self.inner = inner
         self.open = threading.Event()
         self.open.set()
@@ -177,7 +178,7 @@ def relists(watcher: ClusterWatcher) -> float:
 
 @pytest.fixture
 def gated_webhook(kubeconfig: Path) -> Iterator[tuple[WebhookHttp, Gate]]:
-    gate = Gate(kube_transport({"KUBECONFIG": str(kubeconfig)}))
+    gate = Gate(kube_client({"KUBECONFIG": str(kubeconfig)}))
     webhook = build_webhook(
         parse_config({}), {}, transport=gate, watches=(PODS, REPLICASETS), freeze_gc=False
     )
@@ -190,7 +191,7 @@ def gated_webhook(kubeconfig: Path) -> Iterator[tuple[WebhookHttp, Gate]]:
 def test_the_service_account_may_list_and_watch_and_nothing_more(
     control_plane: ControlPlane, kubeconfig: Path
 ) -> None:
-    transport = kube_transport({"KUBECONFIG": str(kubeconfig)})
+    transport = kube_client({"KUBECONFIG": str(kubeconfig)})
 
     def status(path: str, query: Mapping[str, str]) -> int:
         response = transport.get(path, query, "application/json", 10)

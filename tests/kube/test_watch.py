@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,36 @@ def test_not_synced_until_every_index_listed(api: FakeApiServer, watchers: list[
         if line.startswith("castslice_view_errors_total")
     )
     assert errors == 3
+
+
+class Unreachable:
+    """The real client, except that requests for one path never get through."""
+
+    def __init__(self, inner: Any, refused: str) -> None:
+        self.inner, self.refused = inner, refused
+
+    def get(self, path: str, query: Any, accept: str, read_timeout: float) -> Any:
+        if path == self.refused:
+            raise OSError(f"{path}: connection refused")
+        return self.inner.get(path, query, accept, read_timeout)
+
+    def interrupt(self, response: Any) -> None:
+        self.inner.interrupt(response)
+
+
+def test_the_barrier_waits_for_the_indices_asked_for_only(
+    api: FakeApiServer, watchers: list[ClusterWatcher]
+) -> None:
+    unreachable = Unreachable(transport_for(api.url), RS_PATH)
+    watcher = ClusterWatcher((PODS, REPLICASETS), unreachable, backoff=(0.05, 0.05))  # type: ignore[arg-type]
+    watcher.start()
+    watchers.append(watcher)
+    assert watcher.wait_synced(5, ["pods"])
+    assert not watcher.wait_synced(0.3, ["pods", "replicasets"])
+    assert not watcher.wait_synced(0.3)  # every index, by default
+    assert watcher.wait_synced(0, [])
+    with pytest.raises(ValueError, match="does not watch 'nodes'"):
+        watcher.wait_synced(0, ["nodes"])
 
 
 def test_events_reach_new_snapshots_and_old_snapshots_stay(

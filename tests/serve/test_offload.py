@@ -161,10 +161,10 @@ def test_serve_offloads_large_reviews_unless_told_otherwise(
 
     monkeypatch.setattr(functions_framework._http, "create_server", lambda *a, **k: NoServer())
     monkeypatch.setattr(function.serve.asgi, "serving_app", serving_app)
-    import function.kube.watch
+    import function.serve.app
 
     # The credentials a mutator that reads the cluster needs are checked before forking.
-    monkeypatch.setattr(function.kube.watch, "kube_transport", lambda environ=None: None)
+    monkeypatch.setattr(function.serve.app, "view_client", lambda environ: None)
     if chosen is None:
         monkeypatch.delenv(LARGE_REVIEWS_ENV, raising=False)
     else:

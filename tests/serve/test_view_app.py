@@ -17,7 +17,7 @@ from function.core.config import parse_config, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView
-from function.kube.watch import NoCredentials
+from function.kube.credentials import NoCredentials
 from function.offline.manifests import mutate_chunk
 from function.offline.state_file import load_state
 from function.offline.yamldoc import load_documents

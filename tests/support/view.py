@@ -18,10 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+
+if TYPE_CHECKING:
+    from function.kube.client import KubeClient
 
 
 @dataclass(frozen=True)
@@ -280,17 +283,17 @@ def fake_apiserver() -> Iterator[FakeApiServer]:
         yield server
 
 
-def transport_for(url: str, token: str = "") -> Any:
-    """The real KubeTransport, pointed at ``url`` (plain HTTP, optional bearer token)."""
+def transport_for(url: str, token: str = "") -> KubeClient:
+    """The real KubeClient, pointed at ``url`` (plain HTTP, optional bearer token)."""
     from kubernetes import client
 
-    from function.kube.watch import KubeTransport
+    from function.kube.client import KubeClient
 
     configuration = client.Configuration()
     configuration.host = url
     if token:
         configuration.api_key["authorization"] = f"Bearer {token}"
-    return KubeTransport(configuration)
+    return KubeClient(configuration)
 
 
 def kubeconfig_for(url: str, path: Path) -> Path:
