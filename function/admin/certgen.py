@@ -19,11 +19,11 @@ import argparse
 import base64
 import datetime
 import ipaddress
-import json
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from cryptography import x509
@@ -31,6 +31,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from function.kube.client import JSON_PATCH, Api, ApiError, collection_path, kube_client, object_path
 
 DEFAULT_NAMESPACE = "castslice-system"
 DEFAULT_SECRET = "castslice-serving-tls"
@@ -158,29 +160,17 @@ def ca_bundle(new_ca: bytes, previous_ca: bytes | None) -> bytes:
 # --- the cluster side -----------------------------------------------------------------------------
 
 
-def _clients() -> tuple[Any, Any]:
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.CoreV1Api(), client.AdmissionregistrationV1Api()
-
-
-def _secret_data(core: Any, namespace: str, name: str) -> tuple[dict[str, bytes] | None, bool]:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        secret = core.read_namespaced_secret(name, namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return None, False
-        raise
-    return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}, True
+def _secret_data(api: Api, namespace: str, name: str) -> tuple[dict[str, bytes] | None, bool]:
+    response = api.request("GET", object_path("", "v1", "secrets", namespace, name))
+    if response.status == 404:
+        return None, False
+    if not response.ok:
+        raise ApiError(f"get secret {namespace}/{name}", response)
+    data = response.body.get("data") or {}
+    return {k: base64.b64decode(v) for k, v in data.items()}, True
 
 
-def _write_secret(core: Any, namespace: str, name: str, issued: Issued, exists: bool) -> None:
+def _write_secret(api: Api, namespace: str, name: str, issued: Issued, exists: bool) -> None:
     body = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -200,40 +190,36 @@ def _write_secret(core: Any, namespace: str, name: str, issued: Issued, exists: 
         },
     }
     if exists:
-        core.replace_namespaced_secret(name, namespace, body)
+        response = api.request("PUT", object_path("", "v1", "secrets", namespace, name), body=body)
     else:
-        core.create_namespaced_secret(namespace, body)
+        response = api.request("POST", collection_path("", "v1", "secrets", namespace), body=body)
+    if not response.ok:
+        raise ApiError(f"{'replace' if exists else 'create'} secret {namespace}/{name}", response)
 
 
-def _patch_bundle(admission: Any, kind: str, name: str, bundle: bytes, out: Any) -> bool:
+def _patch_bundle(api: Api, kind: str, name: str, bundle: bytes, out: Any) -> bool:
     """Set every webhook's caBundle of one configuration; False when it does not exist."""
-    from kubernetes.client.exceptions import ApiException
-
-    read, patch = (
-        (admission.read_mutating_webhook_configuration, admission.patch_mutating_webhook_configuration)
-        if kind == "mutatingwebhookconfiguration"
-        else (
-            admission.read_validating_webhook_configuration,
-            admission.patch_validating_webhook_configuration,
-        )
-    )
-    try:
-        current = read(name)
-    except ApiException as error:
-        if error.status == 404:
-            print(f"{kind}/{name}: not found, skipped", file=out)
-            return False
-        raise
+    plural = f"{kind}s"
+    path = object_path("admissionregistration.k8s.io", "v1", plural, "", name)
+    response = api.request("GET", path)
+    if response.status == 404:
+        print(f"{kind}/{name}: not found, skipped", file=out)
+        return False
+    if not response.ok:
+        raise ApiError(f"get {kind}/{name}", response)
     encoded = base64.b64encode(bundle).decode()
-    hooks = current.webhooks or []
-    stale = [i for i, hook in enumerate(hooks) if (hook.client_config.ca_bundle or "") != encoded]
+    hooks = response.body.get("webhooks") or []
+    current = [(hook.get("clientConfig") or {}).get("caBundle") or "" for hook in hooks]
+    stale = [i for i, held in enumerate(current) if held != encoded]
     if not stale:
         print(f"{kind}/{name}: caBundle already current", file=out)
         return True
     operations = [
         {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded} for i in stale
     ]
-    patch(name, operations)
+    patched = api.request("PATCH", path, body=operations, content_type=JSON_PATCH)
+    if not patched.ok:
+        raise ApiError(f"patch {kind}/{name}", patched)
     print(f"{kind}/{name}: caBundle patched ({len(stale)} of {len(hooks)} webhooks)", file=out)
     return True
 
@@ -244,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
     hosts = [*service_names(args.service, namespace), *args.host]
     now = datetime.datetime.now(datetime.UTC)
     try:
-        core, admission = _clients()
-        data, exists = _secret_data(core, namespace, args.secret)
+        api = kube_client(user_agent="castslice-certgen")
+        data, exists = _secret_data(api, namespace, args.secret)
         reason = renewal_reason(data, hosts, now, args.renew_before_days)
         where = f"secret {namespace}/{args.secret}"
         if reason is None:
@@ -254,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{where}: kept (valid until {not_after(data['tls.crt'])})", file=out)
         else:
             issued = issue(hosts, now)
-            _write_secret(core, namespace, args.secret, issued, exists)
+            _write_secret(api, namespace, args.secret, issued, exists)
             bundle = ca_bundle(issued.ca, (data or {}).get("ca.crt"))
             verb = "replaced" if exists else "created"
             print(
@@ -263,9 +249,9 @@ def run(args: argparse.Namespace) -> int:
                 file=out,
             )
         for name in args.mutating or DEFAULT_MUTATING:
-            _patch_bundle(admission, "mutatingwebhookconfiguration", name, bundle, out)
+            _patch_bundle(api, "mutatingwebhookconfiguration", name, bundle, out)
         for name in args.validating or DEFAULT_VALIDATING:
-            _patch_bundle(admission, "validatingwebhookconfiguration", name, bundle, out)
+            _patch_bundle(api, "validatingwebhookconfiguration", name, bundle, out)
     except Exception as error:  # noqa: BLE001  (one line for the Job's log; the Job retries)
         print(f"castslice certgen: {api_error_line(error)}", file=sys.stderr)
         return 1
@@ -274,12 +260,11 @@ def run(args: argparse.Namespace) -> int:
 
 def api_error_line(error: Exception) -> str:
     """One line for an API error (status, reason, the apiserver's message), else the exception."""
-    status, body = getattr(error, "status", None), getattr(error, "body", None)
-    if isinstance(status, int) and status:
-        message = ""
+    if isinstance(error, ApiError):
         try:
-            message = json.loads(body or "{}").get("message", "")
-        except (ValueError, AttributeError):
-            message = str(body or "")[:300]
-        return f"{status} {getattr(error, 'reason', '') or ''}: {message}".rstrip(": ")
+            reason = HTTPStatus(error.status).phrase
+        except ValueError:  # not an HTTP status (0: no answer)
+            reason = ""
+        message = error.response.body.get("message") or error.response.text
+        return f"{error.status} {reason}: {message}".rstrip(": ")
     return f"{type(error).__name__}: {error}"

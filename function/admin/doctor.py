@@ -43,6 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from function.admin.certgen import api_error_line
 from function.config_file import load_config_file
 from function.core.config import Config, ConfigError, parse_config, watches_for
+from function.kube.client import Api, kube_client
 
 EXIT_OK, EXIT_FAILED = 0, 1
 WEBHOOK_NAME = "pods.castslice.castops.io"
@@ -66,46 +67,21 @@ class Check:
 
 @dataclass
 class Cluster:
-    """The API clients and what the checks found so far (later checks build on earlier ones)."""
+    """The API client and what the checks found so far (later checks build on earlier ones)."""
 
-    api: Any
+    api: Api
     namespace: str
     configuration: Any = None
     hook: Any = None
     config: Config | None = None
     notes: list[str] = field(default_factory=list)
 
-    def core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self.api)
-
     def call(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
     ) -> Any:
         """A raw API call: (status, decoded JSON body or text)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            # The generated client's two steps (its call_api took query_params before client 35).
-            method, url, headers, payload, _ = self.api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self.api.call_api(
-                method, url, header_params=headers, body=payload, _request_timeout=10
-            )
-        except ApiException as error:
-            return error.status, error.body
-        text = response.read().decode()
-        try:
-            return response.status, json.loads(text)
-        except ValueError:
-            return response.status, text
+        response = self.api.request(method, path, body=body, query=dict(query or []), timeout=10)
+        return response.status, response.text or response.body
 
 
 # --- 1. registered --------------------------------------------------------------------------------
@@ -456,21 +432,10 @@ def drift(cluster: Cluster, since: datetime.timedelta) -> Check:
     )
 
 
-def _api(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        api = _api(args.kubeconfig)
+        api = kube_client(kubeconfig=args.kubeconfig, user_agent="castslice-doctor")
     except Exception as error:  # noqa: BLE001  (no kubeconfig: one line, exit 1)
         print(f"FAIL  kubeconfig: {error}", file=out)
         return EXIT_FAILED

@@ -29,14 +29,17 @@ STREAM_CONNECT_TIMEOUT = 10.0
 class ApiResponse:
     status: int
     body: Mapping[str, Any] = field(default_factory=dict)
+    text: str = ""
+    """The body when it is not JSON (what a Service answers through the apiserver's proxy), cut
+    to 300 characters."""
 
     @classmethod
     def parse(cls, status: int, data: bytes) -> ApiResponse:
-        """The response to a request: its JSON body, or a body that is not JSON as the message."""
+        """The response to a request: its JSON body, or the text of a body that is not JSON."""
         try:
             parsed = json.loads(data) if data else {}
         except ValueError:
-            parsed = {"message": data[:300].decode("utf-8", "replace")}
+            return cls(status, {}, data[:300].decode("utf-8", "replace"))
         return cls(status, parsed if isinstance(parsed, Mapping) else {})
 
     @property
@@ -45,7 +48,7 @@ class ApiResponse:
 
     def message(self) -> str:
         """The apiserver's Status message (or the status code) for logs and errors."""
-        text = self.body.get("message") if isinstance(self.body, Mapping) else None
+        text = (self.body.get("message") if isinstance(self.body, Mapping) else None) or self.text
         return f"HTTP {self.status}: {text}" if text else f"HTTP {self.status}"
 
 
@@ -56,6 +59,7 @@ class ApiError(RuntimeError):
     def __init__(self, what: str, response: ApiResponse) -> None:
         super().__init__(f"{what}: {response.message()}")
         self.status = response.status
+        self.response = response
 
 
 class Api(Protocol):
