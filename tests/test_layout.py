@@ -1,6 +1,12 @@
 """The walls between the folders of function/, read from the source (every import, at any depth,
 including the ones inside functions and under TYPE_CHECKING):
 
+- every module keeps to its row of the import table in function/README.md (read from the README,
+  so the table and the rule are one);
+- no circle: among the imports that run when a module is imported (recorded in a fresh interpreter,
+  so every module imports alone), and among all imports, the ones inside functions included
+  (TYPE_CHECKING aside: the type checker alone runs those), between modules and between folders;
+
 - ``core/`` decides purely: of this project it imports only itself and ``contract``, so not the
   serving edge, the adapter, ``offline/``, ``audit/`` or ``control/``; of the standard library,
   nothing that does I/O, reads the environment or a clock, or starts a thread or a process; of
@@ -12,13 +18,19 @@ including the ones inside functions and under TYPE_CHECKING):
 from __future__ import annotations
 
 import ast
+import json
+import re
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.imports import circles, edges_to
+
 FUNCTION = Path(__file__).resolve().parent.parent / "function"
+ROOT = FUNCTION.parent
 
 CORE_MAY_IMPORT = ("function.core", "function.contract")
 """Of this project: the core itself and the names shared with manifests and tests."""
@@ -198,3 +210,242 @@ def test_an_adapter_module_importing_the_serving_edge_is_named() -> None:
     source = "from function.serve.http_api import WebhookHttp\n"
     [breach] = admission_breaches(ast.parse(source), "function.admission", "function/admission/probe.py")
     assert breach.startswith("function/admission/probe.py:1: imports function.serve.http_api")
+
+
+# -- every module keeps to its row of function/README.md's import table ---------------------------
+Rules = dict[str, tuple[str, ...] | None]
+"""A unit (``function.core``, ``function.config_file``) -> the modules it may import, None: any."""
+
+
+def unit_name(token: str) -> str:
+    """``core/`` -> ``function.core``; ``offline/drift.py`` -> ``function.offline.drift``;
+    ``__init__.py`` -> ``function``."""
+    parts = token.removesuffix("/").removesuffix(".py").split("/")
+    return ".".join(["function", *(parts if parts != ["__init__"] else [])])
+
+
+def import_rules(readme: str) -> tuple[Rules, dict[str, tuple[str, ...]]]:
+    """The import table of function/README.md: what each unit may import, and what it names under
+    "never"."""
+    rules: Rules = {}
+    never: dict[str, tuple[str, ...]] = {}
+    section = readme.split("## What each folder may import", 1)[1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        units = [unit_name(token) for token in re.findall(r"`([^`]+)`", cells[0])]
+        if cells[1].startswith("any folder"):
+            allowed: tuple[str, ...] | None = None
+        elif cells[1].startswith("nothing"):
+            allowed = ()
+        else:
+            allowed = tuple(unit_name(token) for token in re.findall(r"`([^`]+)`", cells[1]))
+        named = tuple(unit_name(token) for token in re.findall(r"`([^`]+)`", cells[2]))
+        for unit in units:
+            rules[unit] = allowed
+            never[unit] = named
+    return rules, never
+
+
+def unit_of(module: str, rules: Rules) -> str:
+    """The row a module keeps to: its folder's, or its own (the package ``function`` only its own)."""
+    rows = (unit for unit in rules if module == unit or (unit != "function" and under(module, (unit,))))
+    return max(rows, key=len, default=module)
+
+
+def rule_breaches(tree: ast.Module, package: str, where: str, unit: str, rules: Rules) -> list[str]:
+    allowed = rules[unit]
+    if allowed is None:
+        return []
+    return [
+        f"{where}:{line}: imports {module} ({unit} may import only {', '.join(allowed) or 'nothing'})"
+        for line, module in imports_of(tree, package)
+        if module.split(".")[0] == "function" and not under(module, (unit, *allowed))
+    ]
+
+
+RULES, NEVER = import_rules((FUNCTION / "README.md").read_text("utf-8"))
+
+
+def test_every_module_keeps_to_its_row_of_the_import_table() -> None:
+    assert len(RULES) >= 13  # the table was read: eight folders, five modules
+    paths = sorted(FUNCTION.rglob("*.py"))
+    assert [str(path) for path in paths if unit_of(module_name(path), RULES) not in RULES] == []
+    found = []
+    for path in paths:
+        tree, package, where = parsed(path)
+        found += rule_breaches(tree, package, where, unit_of(module_name(path), RULES), RULES)
+    assert found == []
+
+
+def test_what_the_table_says_a_folder_never_imports_it_does_not_allow() -> None:
+    contradictions = [
+        f"{unit}: {name}"
+        for unit, named in NEVER.items()
+        for name in named
+        if RULES[unit] is None or under(name, (unit, *(RULES[unit] or ())))
+    ]
+    assert contradictions == []
+    assert under("function.control", NEVER["function.serve"]) and under(
+        "function.serve", NEVER["function.control"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "caught"),
+    [
+        ("control/probe.py", "from function.serve.app import build_webhook\n", "imports function.serve.app"),
+        (
+            "serve/probe.py",
+            "def f():\n    from function.control import process\n",
+            "imports function.control",
+        ),
+        ("kube/probe.py", "from function.serve.http_api import problem\n", "imports function.serve.http_api"),
+        ("admin/probe.py", "from function.audit.recorder import build_recorder\n", "imports function.audit"),
+        ("audit/probe.py", "from function.offline.mutate import run\n", "imports function.offline.mutate"),
+        (
+            "offline/probe.py",
+            "from function.kube.client import kube_client\n",
+            "imports function.kube.client",
+        ),
+        ("admission/probe.py", "from function import func\n", "imports function.func"),
+        ("contract.py", "from function.core.pod import Owner\n", "imports function.core.pod"),
+        ("config_file.py", "from function.logs import configure_logging\n", "imports function.logs"),
+        ("serve/probe.py", "from function.cli import main\n", "imports function.cli"),
+    ],
+)
+def test_a_module_importing_what_its_row_does_not_name_is_named(where: str, source: str, caught: str) -> None:
+    path = FUNCTION / where
+    unit = unit_of(module_name(path), RULES)
+    package = module_name(path).rsplit(".", 1)[0]
+    [breach] = rule_breaches(ast.parse(source), package, f"function/{where}", unit, RULES)
+    assert breach.startswith(f"function/{where}:") and caught in breach
+
+
+@pytest.mark.parametrize(
+    ("where", "source"),
+    [
+        ("control/probe.py", "from function.kube.elector import LeaderElector\n"),
+        ("audit/probe.py", "from function.offline.drift import report\n"),
+        ("serve/probe.py", "from function.logs import configure_logging\n"),
+        ("admin/probe.py", "from function.kube.client import kube_client\n"),
+        ("cli.py", "from function.serve.command import run\n"),
+        ("core/probe.py", "from . import pod\n"),
+    ],
+)
+def test_what_a_row_names_may_be_imported(where: str, source: str) -> None:
+    path = FUNCTION / where
+    package = module_name(path).rsplit(".", 1)[0]
+    unit = unit_of(module_name(path), RULES)
+    assert rule_breaches(ast.parse(source), package, f"function/{where}", unit, RULES) == []
+
+
+# -- no circle ----------------------------------------------------------------------------------
+def recorded_imports(root: Path, package: str) -> dict[str, object]:
+    """tests/support/imports.py in a fresh interpreter: every module of ``package`` imported, with
+    the edges the imports that ran drew."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.imports", str(root), package],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    recorded: dict[str, object] = json.loads(done.stdout)
+    return recorded
+
+
+def test_every_module_of_function_imports_alone_in_a_fresh_interpreter() -> None:
+    recorded = recorded_imports(ROOT, "function")
+    assert len(recorded["modules"]) > 90  # type: ignore[arg-type]
+    assert recorded["failed"] == {}
+    assert circles(map(tuple, recorded["edges"]), "function") == []  # type: ignore[call-overload]
+
+
+RING = {
+    # The shape of a circle that once was in the core: a module imports a plug-in's base, whose
+    # package's __init__ imports every plug-in, one of which imports the first module. Imported
+    # in order, every module loads; ring.templates imported first fails.
+    "ring/__init__.py": "",
+    "ring/plugins/__init__.py": "from ring.plugins import slicing\n",
+    "ring/plugins/base.py": "class Base:\n    pass\n",
+    "ring/plugins/slicing.py": "from ring.templates import TEMPLATES\n",
+    "ring/templates.py": "from ring.plugins.base import Base\n\nTEMPLATES = (Base,)\n",
+}
+
+
+def test_a_circle_through_a_package_init_is_found_though_every_module_imports_in_order(
+    tmp_path: Path,
+) -> None:
+    for name, text in RING.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    recorded = recorded_imports(tmp_path, "ring")
+    assert recorded["failed"] == {}
+    edges = list(map(tuple, recorded["edges"]))  # type: ignore[call-overload]
+    assert circles(edges, "ring") == [["ring.plugins", "ring.plugins.slicing", "ring.templates"]]
+    alone = subprocess.run(
+        [sys.executable, "-c", "import ring.templates"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert alone.returncode != 0 and "partially initialized module 'ring.templates'" in alone.stderr
+
+
+def under_type_checking(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:`` (run by the type checker only)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    return skipped
+
+
+def static_edges(sources: Iterable[tuple[str, ast.Module, str]]) -> set[tuple[str, str]]:
+    """(importer, imported) for every import of this project's modules in ``sources`` ((module,
+    tree, package)), the ones inside functions included, TYPE_CHECKING aside."""
+    edges: set[tuple[str, str]] = set()
+    for module, tree, package in sources:
+        skipped = under_type_checking(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for _, imported in imports_of(ast.Module(body=[node], type_ignores=[]), package):
+                if imported.split(".")[0] == "function":
+                    edges.update(edges_to(module, imported))
+    return edges
+
+
+def function_sources() -> list[tuple[str, ast.Module, str]]:
+    return [(module_name(path), *parsed(path)[:2]) for path in sorted(FUNCTION.rglob("*.py"))]
+
+
+def test_no_circle_among_the_modules_with_the_imports_inside_functions() -> None:
+    edges = static_edges(function_sources())
+    assert len(edges) > 300  # the walk found the imports
+    assert circles(edges, "function") == []
+
+
+def test_no_circle_among_the_folders() -> None:
+    edges = static_edges(function_sources())
+    units = {(unit_of(a, RULES), unit_of(b, RULES)) for a, b in edges}
+    assert circles({(a, b) for a, b in units if a != b}, "function") == []
+
+
+def test_a_circle_through_an_import_inside_a_function_is_found_and_one_for_the_type_checker_is_not() -> None:
+    sources = {
+        "function.serve.app": "from function.serve.offload import LargeReviews\n",
+        "function.serve.offload": "def child():\n    from function.serve.app import configure_logging\n",
+        "function.serve.http_api": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from function.serve.offload import X\n"
+        ),
+        "function.serve.other": "from function.serve.http_api import problem\n",
+    }
+    sources["function.serve.offload"] += "from function.serve.other import thing\n"
+    trees = [(name, ast.parse(text), "function.serve") for name, text in sources.items()]
+    assert circles(static_edges(trees), "function") == [["function.serve.app", "function.serve.offload"]]

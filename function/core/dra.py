@@ -26,9 +26,9 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from function.core.configtypes import Strict
-from function.core.mutators.spot import LabelSelector
 from function.core.quantity import QuantityError, parse_quantity, times
 from function.core.rules import is_dns_label, is_dns_subdomain
+from function.core.selectors import LabelSelector
 from function.core.view import Record, WatchSpec
 
 API_GROUP = "resource.k8s.io"

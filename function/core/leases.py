@@ -15,7 +15,7 @@ import hashlib
 import math
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from function.core.pod import controller_of
 from function.core.quantity import QuantityError, parse_quantity
+from function.core.selectors import Requirement, compile_selector, selector_problems, selects
 from function.core.view import WatchSpec, name_of
 
 GROUP, VERSION, PLURAL, KIND = "castops.io", "v1alpha1", "gpuleases", "GpuLease"
@@ -93,78 +94,6 @@ class Phase(StrEnum):
     Released = "Released"
     Invalid = "Invalid"
     """A lease with problems (it skipped validation): nothing is charged to it."""
-
-
-# -- label selectors ------------------------------------------------------------------------------
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-
-class Requirement(NamedTuple):
-    key: str
-    operator: str
-    values: frozenset[str]
-
-
-def selector_problems(selector: Any, where: str) -> list[str]:
-    """A metav1.LabelSelector's problems, each naming its field."""
-    if selector is None:
-        return []
-    if not isinstance(selector, Mapping):
-        return [f"{where}: must be a label selector (matchLabels, matchExpressions)"]
-    problems = [
-        f"{where}.{key}: unknown field" for key in selector if key not in ("matchLabels", "matchExpressions")
-    ]
-    labels = selector.get("matchLabels")
-    if labels is not None and (
-        not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values())
-    ):
-        problems.append(f"{where}.matchLabels: must map label keys to string values")
-    expressions = selector.get("matchExpressions")
-    if expressions is None:
-        return problems
-    if not isinstance(expressions, list):
-        return [*problems, f"{where}.matchExpressions: must be a list"]
-    for index, expression in enumerate(expressions):
-        at = f"{where}.matchExpressions[{index}]"
-        if not isinstance(expression, Mapping) or not isinstance(expression.get("key"), str):
-            problems.append(f"{at}: needs a key")
-            continue
-        operator, values = expression.get("operator"), expression.get("values")
-        if operator not in SELECTOR_OPERATORS:
-            problems.append(f"{at}.operator: {operator!r} is not one of {', '.join(SELECTOR_OPERATORS)}")
-        elif operator in ("In", "NotIn") and (not isinstance(values, list) or not values):
-            problems.append(f"{at}.values: {operator} needs at least one value")
-        elif operator in ("Exists", "DoesNotExist") and values:
-            problems.append(f"{at}.values: {operator} takes no values")
-    return problems
-
-
-def compile_selector(selector: Any) -> tuple[Requirement, ...]:
-    """A valid selector as requirements (matchLabels become In of one value); None/{}: all Pods."""
-    if not isinstance(selector, Mapping):
-        return ()
-    found = [
-        Requirement(str(k), "In", frozenset((str(v),)))
-        for k, v in (selector.get("matchLabels") or {}).items()
-    ]
-    for expression in selector.get("matchExpressions") or ():
-        values = frozenset(str(v) for v in expression.get("values") or ())
-        found.append(Requirement(str(expression["key"]), str(expression["operator"]), values))
-    return tuple(found)
-
-
-def selects(requirements: Iterable[Requirement], labels: Mapping[str, Any]) -> bool:
-    for key, operator, values in requirements:
-        value = labels.get(key)
-        if operator == "In" and value not in values:
-            return False
-        if operator == "NotIn" and value in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 # -- the GpuLease object --------------------------------------------------------------------------

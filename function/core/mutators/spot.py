@@ -61,6 +61,7 @@ from function.core.placement import (
 from function.core.pod import NO_OWNER, Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
 from function.core.podmutation.apply import marked_by
 from function.core.rules import label_key_problem
+from function.core.selectors import LabelSelector
 from function.core.view import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec
 
 LIFECYCLE = "scheduling.cast.ai/lifecycle"
@@ -82,42 +83,6 @@ _PERCENTAGE = re.compile(r"[1-9][0-9]?")  # fullmatch: 1-99, no sign, no leading
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LabelSelectorRequirement(_Strict):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _values_fit_operator(self) -> LabelSelectorRequirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs at least one value")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        return self
-
-    def matches(self, labels: Mapping[str, Any]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in self.values
-        return self.key not in labels or labels[self.key] not in self.values
-
-
-class LabelSelector(_Strict):
-    """A Kubernetes LabelSelector: every matchLabels pair and every expression must hold; an empty
-    selector matches everything (as in Kubernetes)."""
-
-    matchLabels: dict[str, str] = Field(default_factory=dict)
-    matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
-
-    def matches(self, labels: Mapping[str, Any]) -> bool:
-        return all(labels.get(key) == value for key, value in self.matchLabels.items()) and all(
-            expression.matches(labels) for expression in self.matchExpressions
-        )
 
 
 class PodSelectorTerm(_Strict):
