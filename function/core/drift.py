@@ -278,10 +278,8 @@ def _undercharged(pod: Pod, leases: GpuLeases, context: RequestContext) -> Chang
     charged_to = labels_of(pod).get(LEASE_LABEL)
     if not charged_to:
         return None
-    lease = next(
-        (lease for lease in namespace_leases(context.cluster, context.namespace) if lease.label == charged_to),
-        None,
-    )
+    leased = namespace_leases(context.cluster, context.namespace)
+    lease = next((lease for lease in leased if lease.label == charged_to), None)
     model = lease.model if isinstance(lease, Lease) else ""
     needs = pod_charge(pod, leases.units, model)
     stamped = parse_charge(annotations_of(pod).get(CHARGE_ANNOTATION))
