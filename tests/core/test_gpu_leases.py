@@ -268,7 +268,6 @@ def test_a_stamp_the_pod_arrives_with_is_recomputed_from_its_resources() -> None
     result = decide(p, view([lease_obj()]))
     assert result.action == Action.mutated and result.reason.startswith("Charged: gpu lease h100")
     assert p["metadata"]["annotations"][CHARGE_ANNOTATION] == "2000m"  # not the tenant's 0m
-    assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"
     full = view([lease_obj()], [charged("h100", 1000, i) for i in range(7)])
     refused = decide(pod(2, **forged()), full)
     assert refused.action == Action.denied and "7 of 8 GPU in use, this Pod needs 2" in refused.reason
@@ -490,3 +489,23 @@ def test_a_quantity_beyond_a_float_is_an_answer_not_an_error() -> None:
     refused = decide(huge, view([lease_obj()]))
     assert result.action == Action.mutated
     assert refused.action == Action.denied and "ExceedsLease" in refused.reason
+
+
+def test_a_reinvocation_keeps_its_earlier_passs_stamp_and_counts_the_pod_once() -> None:
+    """The apiserver calls the webhook again, with a new uid, after another webhook changed the
+    Pod: the stamp of the first call is this Pod's, and so is its entry in the ledger."""
+    lease = lease_obj(count=2)
+    p = pod(1)
+    assert decide(p, view([lease], [charged("h100", 1000, 0)])).action == Action.mutated
+    assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"
+    p["spec"]["containers"].append({"name": "sidecar", "image": "istio/proxyv2"})  # the other webhook
+    ledger = {"ml/h100": (LedgerCharge("review-1", 1000, "charged"),)}
+    mutator = GpuLeases(GpuLeasesConfig.model_validate({"enabled": True}))
+    again = mutator.mutate(
+        p,
+        RequestContext(
+            uid="review-2", namespace="ml", cluster=view([lease], [charged("h100", 1000, 0)], ledger=ledger)
+        ),
+    )
+    assert again.action == Action.unchanged, again.reason  # 2 of 2, not 3: counted once
+    assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"

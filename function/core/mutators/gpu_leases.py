@@ -25,6 +25,7 @@ and the controller count it. Namespaces without a GpuLease are left alone unless
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -175,10 +176,10 @@ def namespace_leases(view: ClusterView, namespace: str) -> list[Lease]:
     return [lease for lease in view.group(LEASES.index, namespace).values() if isinstance(lease, Lease)]
 
 
-def lease_usage(view: ClusterView, lease_key: str) -> Usage:
+def lease_usage(view: ClusterView, lease_key: str, replacing: str = "") -> Usage:
     """What the view counts against a lease (``Lease.charged_key``), plus this process's charges
     it does not show yet (the ledger, read before the view: an entry whose Pod the view shows
-    is counted once, by the view)."""
+    is counted once, by the view), but the entry of decision ``replacing`` (the Pod judged)."""
     tally = getattr(view, "tally", None)
     if callable(tally):
         usage = usage_from(tally(CHARGED_PODS.index, lease_key))
@@ -193,7 +194,7 @@ def lease_usage(view: ClusterView, lease_key: str) -> Usage:
     # lease's Pods (only while this process has charges in flight for the lease).
     shown = {getattr(record, "decision", "") for record in view.group(CHARGED_PODS.index, lease_key).values()}
     for entry in entries:
-        if entry.decision in shown:
+        if entry.decision in shown or (replacing and entry.decision == replacing):
             continue
         if entry.state == QUEUED:
             usage = usage.plus(Usage(queued=entry.charge, pods=1))
@@ -263,10 +264,13 @@ class GpuLeases:
             # refuses it too, even where this webhook is not called.
             return MutatorResult.denied(forged_message(written))
         charged_to = labels_of(pod).get(LEASE_LABEL)
-        # A stamp without the witness's mark was written by this webhook for this request (a
-        # reinvocation carries a new uid), or comes from a cluster without the witness policy:
-        # only this review's own is kept as is, any other is recomputed from the Pod's resources.
-        restamp = bool(charged_to) and annotations.get(DECISION_ANNOTATION, "") != ctx.uid
+        # A stamp without the witness's mark was written by this webhook earlier in this request
+        # (a reinvocation, after another webhook changed the Pod, carries a new uid), or comes
+        # from a cluster without the witness policy: only this review's own is kept as it is; any
+        # other is recomputed from the Pod's resources, keeping its decision (the ledger entry of
+        # the earlier pass is this very Pod: counted once, and matched when the Pod is stored).
+        arrived = str(annotations.get(DECISION_ANNOTATION) or "") if charged_to else ""
+        restamp = bool(charged_to) and arrived != ctx.uid
         if charged_to and not restamp:
             return MutatorResult.unchanged(f"already charged to gpu lease {charged_to}")
         view = ctx.cluster
@@ -279,16 +283,21 @@ class GpuLeases:
         ):
             # Most namespaces lease nothing: two lookups, not the charge arithmetic.
             return self._unstamped(pod, restamp, f"namespace {ctx.namespace} has no GpuLease: not charged")
-        verdict = self.decide(pod, ctx)
+        verdict = self.decide(pod, ctx, replacing=arrived if restamp else "")
         if verdict is None:
             return self._unstamped(pod, restamp, "asks for no GPU")
         if not verdict.admit:
             return MutatorResult.denied(verdict.message)
         if not verdict.state or verdict.lease is None:
             return self._unstamped(pod, restamp, verdict.message, *verdict.warnings)
-        if restamp:
-            remove_stamp(pod)
-        self.stamp(pod, ctx, verdict)
+        if not restamp:
+            self.stamp(pod, ctx, verdict, ctx.uid)
+            return MutatorResult.mutated(verdict.message, *verdict.warnings)
+        before = copy.deepcopy(pod)
+        remove_stamp(pod)
+        self.stamp(pod, ctx, verdict, arrived or ctx.uid)
+        if pod == before:
+            return MutatorResult.unchanged(f"already charged to gpu lease {charged_to} ({verdict.reason})")
         return MutatorResult.mutated(verdict.message, *verdict.warnings)
 
     @staticmethod
@@ -299,8 +308,9 @@ class GpuLeases:
         return MutatorResult.unchanged(reason, *warnings)
 
     # -- deciding --------------------------------------------------------------------------------
-    def decide(self, pod: Pod, ctx: RequestContext) -> Verdict | None:
-        """The lease arithmetic for the Pod; None when it asks for no GPU."""
+    def decide(self, pod: Pod, ctx: RequestContext, replacing: str = "") -> Verdict | None:
+        """The lease arithmetic for the Pod; None when it asks for no GPU. ``replacing``: the
+        decision of the stamp it arrived with, whose ledger entry is this Pod (not counted twice)."""
         ask = gpu_ask(pod, self.units)
         if not ask.asks:
             return None
@@ -361,13 +371,13 @@ class GpuLeases:
             return Verdict(
                 "NoMatchingLease", f"namespace {namespace} has no GpuLease: not charged", charge=charge
             )
-        chosen = self._choose(pod, leases, now, models, view)
+        chosen = self._choose(pod, leases, now, models, view, replacing)
         if isinstance(chosen, Verdict):
             return chosen
         lease, pin = chosen
         if lease.model != (models.exactly or "") and depends_on_model(pod, self.units):
             charge = pod_charge(pod, self.units, lease.model)  # a slice's or a memory size's share
-        verdict = self._judge(lease, charge, lease_usage(view, lease.charged_key), now, pin)
+        verdict = self._judge(lease, charge, lease_usage(view, lease.charged_key, replacing), now, pin)
         if warnings:
             return replace(verdict, warnings=verdict.warnings + warnings)
         return verdict
@@ -378,7 +388,7 @@ class GpuLeases:
         return Verdict(reason, f"castslice: {reason}: {text}", lease, charge, usage, admit=False)
 
     def _choose(
-        self, pod: Pod, leases: list[Lease], now: datetime, models: Models, view: ClusterView
+        self, pod: Pod, leases: list[Lease], now: datetime, models: Models, view: ClusterView, replacing: str
     ) -> tuple[Lease, bool] | Verdict:
         """The lease, and whether to pin the Pod to its model (it may run on another model)."""
         namespace = leases[0].namespace
@@ -440,19 +450,20 @@ class GpuLeases:
                 f"{CHOICE_ANNOTATION}: <lease>",
                 charge,
             )
-        lease = self._best(pod, candidates, now, view)
+        lease = self._best(pod, candidates, now, view, replacing)
         # A Pod that may run on another model than its lease's is pinned to it (nodeSelector is
         # ANDed with its affinity), so a Pod charged to H100 runs on H100.
         return lease, models.exactly != lease.model
 
-    def _best(self, pod: Pod, leases: list[Lease], now: datetime, view: ClusterView) -> Lease:
+    def _best(self, pod: Pod, leases: list[Lease], now: datetime, view: ClusterView, replacing: str) -> Lease:
         if len(leases) == 1:
             return leases[0]
         ordered = sorted(leases, key=lambda lease: _order(lease, now))
         for lease in ordered:
             if (
                 lease.phase(now) == Phase.Active
-                and lease_usage(view, lease.charged_key).used + pod_charge(pod, self.units, lease.model)
+                and lease_usage(view, lease.charged_key, replacing).used
+                + pod_charge(pod, self.units, lease.model)
                 <= lease.count
             ):
                 return lease
@@ -616,7 +627,7 @@ class GpuLeases:
         return Verdict(reason, message, lease, charge, usage, state, True, inject, tuple(warnings))
 
     # -- stamping --------------------------------------------------------------------------------
-    def stamp(self, pod: Pod, ctx: RequestContext, verdict: Verdict) -> None:
+    def stamp(self, pod: Pod, ctx: RequestContext, verdict: Verdict, decision: str) -> None:
         lease = verdict.lease
         assert lease is not None
         metadata = ensure_map(pod, "metadata")
@@ -625,8 +636,8 @@ class GpuLeases:
         labels[STATE_LABEL] = verdict.state
         annotations = ensure_map(metadata, "annotations")
         annotations[CHARGE_ANNOTATION] = charge_text(verdict.charge)
-        if ctx.uid:
-            annotations[DECISION_ANNOTATION] = ctx.uid
+        if decision:
+            annotations[DECISION_ANNOTATION] = decision
         spec = ensure_map(pod, "spec")
         priority = spec.get("priority")
         if isinstance(priority, int) and not isinstance(priority, bool) and priority:
