@@ -18,7 +18,7 @@ from typing import Any
 from function.admission.wire import AdmissionReview
 from function.core.engine import Decision
 from function.core.json_patch import Operation
-from function.core.pod import CONTAINER_LISTS, first_owner
+from function.core.pod import CONTAINER_LISTS, first_owner, metadata_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +85,6 @@ def audit_facts(review: AdmissionReview, decision: Decision | None = None) -> Au
 
 
 # -- the Pod's identity ---------------------------------------------------------------------------
-def _metadata(pod: Any) -> Mapping[str, Any]:
-    metadata = pod.get("metadata") if isinstance(pod, dict) else None
-    return metadata if isinstance(metadata, dict) else {}
-
-
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -109,7 +104,7 @@ def _owner(metadata: Mapping[str, Any]) -> OwnerFacts | None:
 
 def pod_facts(review: AdmissionReview) -> PodFacts:
     request = review.request
-    metadata = _metadata(request.object)
+    metadata = metadata_of(request.object)
     return PodFacts(
         namespace=request.namespace or _text(metadata.get("namespace")) or "",
         name=_text(request.name) or _text(metadata.get("name")),

@@ -26,6 +26,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from function.core.configtypes import Strict
+from function.core.pod import metadata_of
 from function.core.quantity import QuantityError, parse_quantity, times
 from function.core.rules import is_dns_label, is_dns_subdomain
 from function.core.selectors import LabelSelector
@@ -306,17 +307,12 @@ def template_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
-
-
 def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
 def slim_template(obj: Mapping[str, Any]) -> TemplateRecord | None:
-    metadata = _metadata(obj)
+    metadata = metadata_of(obj)
     namespace, name = metadata.get("namespace"), metadata.get("name")
     if not isinstance(namespace, str) or not isinstance(name, str) or not namespace or not name:
         return None
@@ -330,7 +326,7 @@ def slim_template(obj: Mapping[str, Any]) -> TemplateRecord | None:
 
 
 def key_of_template(obj: Mapping[str, Any]) -> str:
-    metadata = _metadata(obj)
+    metadata = metadata_of(obj)
     namespace, name = metadata.get("namespace"), metadata.get("name")
     return template_key(namespace, name) if isinstance(namespace, str) and isinstance(name, str) else ""
 
@@ -362,7 +358,7 @@ class NamespaceState(NamedTuple):
 
 
 def slim_namespace_state(obj: Mapping[str, Any]) -> NamespaceState | None:
-    metadata = _metadata(obj)
+    metadata = metadata_of(obj)
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return None
@@ -375,7 +371,7 @@ def slim_namespace_state(obj: Mapping[str, Any]) -> NamespaceState | None:
 
 
 def _name_key(obj: Mapping[str, Any]) -> str:
-    name = _metadata(obj).get("name")
+    name = metadata_of(obj).get("name")
     return name if isinstance(name, str) else ""
 
 

@@ -52,7 +52,7 @@ from function.core.leases import (
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import NAME as GPU_LEASES
 from function.core.mutators.gpu_leases import GpuLeases, LeaseView, namespace_leases
-from function.core.pod import Owner, Pod, annotations_of, controller_of, labels_of
+from function.core.pod import Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
 from function.core.view import FINISHED_PHASES, PODS, ClusterView
 
 ERROR: Final = "error"
@@ -117,11 +117,6 @@ class Finding:
         }
 
 
-def _metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = pod.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
-
-
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -131,7 +126,7 @@ def judged(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status")
     if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
         return False
-    return _metadata(pod).get("deletionTimestamp") is None
+    return metadata_of(pod).get("deletionTimestamp") is None
 
 
 def as_admitted(stored: Mapping[str, Any]) -> Pod:
@@ -216,7 +211,7 @@ def judge(
     ``now`` no lease is judged (the GPU leases mutator then says the view is not ready)."""
     if not judged(stored):
         return None
-    metadata = _metadata(stored)
+    metadata = metadata_of(stored)
     namespace, uid = _text(metadata.get("namespace")), _text(metadata.get("uid"))
     cluster: ClusterView = WithoutPod(view, uid) if uid else view
     if now is not None:
@@ -347,7 +342,7 @@ def opted_out_namespaces(namespaces: Iterable[Mapping[str, Any]]) -> frozenset[s
     namespaceSelector never sends their Pods to the webhook, so they cannot have skipped it."""
     names = set()
     for namespace in namespaces:
-        metadata = _metadata(namespace)
+        metadata = metadata_of(namespace)
         labels = metadata.get("labels")
         if isinstance(labels, Mapping) and labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             names.add(_text(metadata.get("name")))
@@ -369,7 +364,7 @@ def findings(
     for pod in pods:
         if not judged(pod):
             continue
-        namespace = _text(_metadata(pod).get("namespace"))
+        namespace = _text(metadata_of(pod).get("namespace"))
         if namespace in opted_out and not leases:
             continue  # never sent to the webhook, and no lease to hold it to
         finding = judge(engine, pod, view, now, sent=namespace not in opted_out)

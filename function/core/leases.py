@@ -23,7 +23,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from function.core.pod import controller_of
+from function.core.pod import controller_of, metadata_of
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.selectors import Requirement, compile_selector, selector_problems, selects
 from function.core.view import WatchSpec, name_of
@@ -357,8 +357,7 @@ class Lease:
 
 
 def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
-    metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = metadata_of(obj)
     uid = metadata.get("uid")
     if not isinstance(uid, str) or not uid:
         return None
@@ -470,8 +469,7 @@ def slim_charged_pod(obj: Mapping[str, Any]) -> ChargedPod | None:
     status = obj.get("status")
     if isinstance(status, Mapping) and status.get("phase") in ("Succeeded", "Failed"):
         return None
-    metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = metadata_of(obj)
     uid = metadata.get("uid")
     labels = metadata.get("labels")
     if not isinstance(uid, str) or not uid or not isinstance(labels, Mapping):
@@ -512,8 +510,7 @@ def charged_pod_key(obj: Mapping[str, Any]) -> str:
     """The index key: the Pod's uid, which only the apiserver writes. Never the decision
     annotation: a Pod carrying a copy of another's (readable with ``kubectl get pod -o yaml``)
     would replace that Pod's record, and deleting the copy would erase the real charge."""
-    metadata = obj.get("metadata")
-    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    uid = metadata_of(obj).get("uid")
     return uid if isinstance(uid, str) else ""
 
 
@@ -571,8 +568,7 @@ class RequiredNamespace(NamedTuple):
 def slim_required_namespace(obj: Mapping[str, Any]) -> RequiredNamespace | None:
     """A Namespace carrying REQUIRED_LABEL=required (the watch selects on it; a state file read
     offline holds every namespace, so the label is checked here too)."""
-    metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = metadata_of(obj)
     labels = metadata.get("labels")
     name, uid = metadata.get("name"), metadata.get("uid")
     if not isinstance(labels, Mapping) or labels.get(REQUIRED_LABEL) != REQUIRED_VALUE:

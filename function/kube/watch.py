@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from function.core.pod import metadata_of
 from function.core.view import ClusterView, IndexState, Record, View, WatchSpec, merge_specs
 from function.kube.client import ApiError, ApiResponse
 
@@ -406,9 +407,7 @@ class ClusterWatcher:
             if obj.get("code") == 410:
                 raise Gone()
             raise ApiError(f"watch {spec.path()}", ApiResponse(int(obj.get("code") or 0), obj))
-        metadata = obj.get("metadata")
-        metadata = metadata if isinstance(metadata, Mapping) else {}
-        new_version = str(metadata.get("resourceVersion") or version)
+        new_version = str(metadata_of(obj).get("resourceVersion") or version)
         if kind == "BOOKMARK":
             return new_version
         key = spec.key(obj)
