@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from function.audit.consumer import AuditStore, Query
-from function.contract import OUTCOMES
+from function.contract import EXIT_BAD_INPUT, OUTCOMES
 
 VIEWS = ("summary", "list", "rejected", "drift")
 
@@ -123,13 +123,13 @@ def run(args: argparse.Namespace) -> int:
         return drift.run(args)
     if args.output == "yaml":
         print(f"castslice audit {args.view}: -o yaml is for drift only; use table or json", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.db != ":memory:" and not Path(args.db).exists():
         print(
             f"castslice audit: no audit database at {args.db} (set --db or $CASTSLICE_AUDIT_DB)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_BAD_INPUT
     store = AuditStore(args.db)
     try:
         if args.view == "rejected":

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from function.contract import EXIT_BAD_INPUT
 from function.control.process import DEFAULT_LEASE_NAME
 from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
 
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config_file(args.config) if args.config else load_config()
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     settings = ControlSettings(
         lease_name=args.lease_name,
         lease_namespace=args.lease_namespace or own_namespace(os.environ),
@@ -40,4 +41,4 @@ def run(args: argparse.Namespace) -> int:
         return run_control(config, settings)
     except (NoCredentials, ValueError) as error:
         print(f"castslice control: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT

@@ -26,18 +26,18 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         print("castslice serve: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     try:
         # Fail fast, before gunicorn forks, with the bad key named.
         config = load_config_file(args.config) if args.config else load_config()
     except ConfigError as error:
         print(error, file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     try:
         drain = drain_seconds()  # read again by each worker at SIGTERM (function/serve/draining.py)
     except ValueError as error:
         print(f"castslice serve: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     from function.kube.credentials import NoCredentials
     from function.serve.app import view_client
     from function.serve.asgi import serving_app
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             interval = float(os.environ.get("CASTSLICE_TLS_RELOAD_SECONDS", DEFAULT_INTERVAL_SECONDS))
         except ValueError:
             print("castslice serve: CASTSLICE_TLS_RELOAD_SECONDS must be seconds", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         CertificateWatcher(args.tls_cert, args.tls_key, interval).start()
     scheme = "https" if args.tls_cert else "http"
     print(
