@@ -1,5 +1,5 @@
-"""PodMutation pure core: every example of the source document (seeds/002: CAST AI's "Pod
-mutations" page), every spec field, the ranking table case by case, and the extended JSON Patch."""
+"""PodMutation pure core: every example of CAST AI's "Pod mutations" documentation page, every
+spec field, the ranking table case by case, and the extended JSON Patch."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def winner(mutations: list[CompiledMutation], p: dict[str, Any], namespace: str 
     return chosen.mutation.name if chosen else None
 
 
-# -- the source document's examples -------------------------------------------------------------------
+# -- CAST AI's documented examples ---------------------------------------------------------------------
 SYSTEM_NAMESPACES = {
     "name": "system-namespaces",
     "objectFilter": {"namespaces": ["kube-system", "argocd"]},
@@ -101,7 +101,7 @@ SPECIFIC_LABELS = {
 }
 
 
-def test_seed_namespace_mutation_sets_the_node_template_selector_in_its_namespaces_only() -> None:
+def test_castai_docs_namespace_mutation_sets_the_node_template_selector_in_its_namespaces_only() -> None:
     m = api_mutation(SYSTEM_NAMESPACES)
     p = pod()
     assert winner([m], p, "kube-system") == "system-namespaces"
@@ -113,8 +113,8 @@ def test_seed_namespace_mutation_sets_the_node_template_selector_in_its_namespac
     assert done.changes == ["nodeSelector"]
 
 
-def test_seed_label_mutation_and_the_namespace_and_label_combination() -> None:
-    """Namespaces and labels are ANDed inside one mutation; OR takes two mutations (the seed's
+def test_castai_docs_label_mutation_and_the_namespace_and_label_combination() -> None:
+    """Namespaces and labels are ANDed inside one mutation; OR takes two mutations (CAST AI's
     advice), and a Pod matching both gets the more specific one: labels outrank namespaces."""
     ns, labels = api_mutation(SYSTEM_NAMESPACES), api_mutation(SPECIFIC_LABELS)
     agent = pod(labels={"app.kubernetes.io/name": "castai-agent"})
@@ -135,7 +135,7 @@ def test_seed_label_mutation_and_the_namespace_and_label_combination() -> None:
     assert winner([both], agent, "default") is None  # AND, not OR
 
 
-def test_seed_api_example_labels_and_tolerations_for_named_workloads() -> None:
+def test_castai_docs_api_example_labels_and_tolerations_for_named_workloads() -> None:
     m = api_mutation(
         {
             "objectFilter": {"names": ["app1", "app2"], "namespaces": ["production"]},
@@ -186,7 +186,7 @@ PLATFORM = {"app.kubernetes.io/part-of": "platform", "tier": "frontend"}
 
 
 @pytest.mark.parametrize("api", [CASTAI, OURS])
-def test_seed_terraform_example(api: str) -> None:
+def test_castai_docs_terraform_example(api: str) -> None:
     m = mutation("test-pod-mutation", TERRAFORM_SPEC, api=api)
     deployment_pod = pod(
         "x", labels={**PLATFORM, "pod-template-hash": "5f6"}, owner=("ReplicaSet", "frontend-web-5f6")
@@ -214,7 +214,7 @@ def test_seed_terraform_example(api: str) -> None:
     ]
 
 
-def test_seed_node_template_consolidation() -> None:
+def test_castai_docs_node_template_consolidation() -> None:
     m = api_mutation(
         {
             "objectFilter": {"namespaces": ["production"]},
@@ -258,7 +258,7 @@ def test_seed_node_template_consolidation() -> None:
     assert "nodeSelector" not in bare["spec"]
 
 
-def test_seed_spot_example_75_percent_preferred() -> None:
+def test_castai_docs_spot_example_75_percent_preferred() -> None:
     m = api_mutation(
         {
             "name": "production-spot-mutation",
@@ -300,12 +300,12 @@ def test_on_demand_share_removes_spot_settings_the_pod_had() -> None:
     assert done.placement == "on-demand" and "tolerations" not in out["spec"]
 
 
-# JSON Patch examples of the source document ------------------------------------------------------------
+# CAST AI's documented JSON Patch examples -------------------------------------------------------------
 def patched(patches: list[dict[str, Any]], p: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return run(mutation("patch", {"patches": patches}), p)
 
 
-def test_seed_patch_add_node_selector_replaces_it_whole() -> None:
+def test_castai_docs_patch_add_node_selector_replaces_it_whole() -> None:
     out, _ = patched(
         [{"op": "add", "path": "/spec/nodeSelector", "value": {TEMPLATE: "high-performance"}}],
         pod(spec={"nodeSelector": {"old": "x"}}),
@@ -313,7 +313,7 @@ def test_seed_patch_add_node_selector_replaces_it_whole() -> None:
     assert out["spec"]["nodeSelector"] == {TEMPLATE: "high-performance"}
 
 
-def test_seed_patch_add_one_key_keeps_the_others_and_fails_without_a_node_selector() -> None:
+def test_castai_docs_patch_add_one_key_keeps_the_others_and_fails_without_a_node_selector() -> None:
     ops = [
         {
             "op": "add",
@@ -328,7 +328,7 @@ def test_seed_patch_add_one_key_keeps_the_others_and_fails_without_a_node_select
     assert len(done.warnings) == 1 and done.warnings[0].startswith("patches not applied: [0] add")
 
 
-def test_seed_patch_replace_toleration_effect_and_remove_by_index_and_by_key() -> None:
+def test_castai_docs_patch_replace_toleration_effect_and_remove_by_index_and_by_key() -> None:
     tolerations = [{"key": f"k{i}", "operator": "Exists", "effect": "NoExecute"} for i in range(4)]
     out, _ = patched(
         [{"op": "replace", "path": "/spec/tolerations/0/effect", "value": "NoSchedule"}],
@@ -347,7 +347,7 @@ def test_seed_patch_replace_toleration_effect_and_remove_by_index_and_by_key() -
     assert out["spec"]["nodeSelector"] == {"zone": "a"}
 
 
-def test_seed_patch_test_then_remove_the_control_plane_toleration() -> None:
+def test_castai_docs_patch_test_then_remove_the_control_plane_toleration() -> None:
     ops = [
         {"op": "test", "path": "/spec/tolerations/0/key", "value": "node-role.kubernetes.io/control-plane"},
         {"op": "remove", "path": "/spec/tolerations/0"},
@@ -365,7 +365,7 @@ def test_seed_patch_test_then_remove_the_control_plane_toleration() -> None:
     assert done.warnings and "[0] test /spec/tolerations/0/key" in done.warnings[0]
 
 
-def test_seed_patch_complex_replace_affinity_and_add_toleration() -> None:
+def test_castai_docs_patch_complex_replace_affinity_and_add_toleration() -> None:
     ops = [
         {"op": "remove", "path": "/spec/affinity"},
         {"op": "add", "path": "/spec/nodeSelector", "value": {TEMPLATE: "custom-template"}},
@@ -444,7 +444,7 @@ def azure_pod() -> dict[str, Any]:
     )
 
 
-def test_seed_azure_agentpool_move_and_replace() -> None:
+def test_castai_docs_azure_agentpool_move_and_replace() -> None:
     out, done = patched(AZURE_PATCH, azure_pod())
     assert not done.warnings
     assert out["metadata"]["labels"] == {"dedicated": "system", "app": "x"}
@@ -463,7 +463,7 @@ def test_seed_azure_agentpool_move_and_replace() -> None:
     assert pref == [["dedicated"], ["zone"]]
 
 
-def test_seed_azure_patch_without_affinity_skips_the_affinity_paths_and_records_it() -> None:
+def test_castai_docs_azure_patch_without_affinity_skips_the_affinity_paths_and_records_it() -> None:
     p = azure_pod()
     del p["spec"]["affinity"]
     out, done = patched(AZURE_PATCH, p)
@@ -472,7 +472,7 @@ def test_seed_azure_patch_without_affinity_skips_the_affinity_paths_and_records_
     assert len(done.notes) == 2 and all("selects nothing" in n for n in done.notes)
 
 
-def test_seed_azure_patch_on_a_pod_without_the_label_is_not_applied() -> None:
+def test_castai_docs_azure_patch_on_a_pod_without_the_label_is_not_applied() -> None:
     p = azure_pod()
     del p["metadata"]["labels"]["agentpool"]
     out, done = patched(AZURE_PATCH, p)

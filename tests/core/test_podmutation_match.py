@@ -1,7 +1,7 @@
 """function/core/podmutation/match.py: the workload a Pod belongs to (controller chains, the
 pod-template-hash fallback, odd references), toleration and label rules at their edges, excludes that
-do not match, and the rank's own words. (The ranking table case by case, with every example of the
-source document: tests/core/test_podmutation_core.py.)"""
+do not match, and the rank's own words. (The ranking table case by case, with every example of CAST
+AI's documentation: tests/core/test_podmutation_core.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GPU slicing (CastSlice): opted-in Pods trade whole GPUs for a number of shared-GPU slices.
 
-Semantics from the CastSlice design (seed 000):
+Semantics (the CastSlice design):
 - ``castops.io/optimize`` must be exactly ``"true"``; anything else is as if absent;
 - the slice count is ``castops.io/slice-ratio`` (a whole number; see slice_ratio.py), else the preset of
   ``castops.io/workload-type``, else ``defaultSlices`` (1);
@@ -69,7 +69,7 @@ ORIGINAL_REQUEST = "castops.io/original-gpu-request"
 HAMI_QUALIFIERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"nvidia.com/gpu": ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")}
 )
-"""HAMi's resources that qualify NVIDIA's GPU count (seed 003), for when the vGPU mutator is off
+"""HAMi's resources that qualify NVIDIA's GPU count (HAMi's documentation), for when the vGPU mutator is off
 and so declares none: a HAMi Pod opted into slicing must not lose its count either way."""
 
 
@@ -87,7 +87,7 @@ class GpuSlicingConfig(MutatorConfig):
     replacePresets: bool = False
     """True: ``presets`` is the whole map, as written (no default preset is kept)."""
     defaultSlices: PositiveInt = 1
-    """Slices for an opted-in Pod with neither slice-ratio nor workload-type (the seed's v0.1.0 default)."""
+    """Slices for an opted-in Pod with neither slice-ratio nor workload-type (v0.1.0's default)."""
     maxSliceRatio: PositiveInt = 1000
     """Upper bound for castops.io/slice-ratio: larger values are bad input, not a quantity overflow."""
     backend: Literal["extendedResource", "dra"] = "extendedResource"
@@ -198,7 +198,7 @@ class GpuSlicing:
             try:
                 self._check_workload_type(annotations)
             except InvalidAnnotation as typo:
-                # slice-ratio takes priority (the seed): slice, but say the workload type is a typo.
+                # slice-ratio takes priority (as designed): slice, but say the workload type is a typo.
                 warnings = (
                     fit_warning(
                         f"castslice: {WORKLOAD_TYPE}={shown(typo.value)} unknown"

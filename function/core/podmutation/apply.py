@@ -299,7 +299,7 @@ def apply_mutation(
     group = _place(pod, mutation, siblings, done)
 
     # Our bookkeeping goes in before the patches (so /metadata/annotations exists for a patch that
-    # adds one annotation, as the seed's Terraform example does) and again after them (so a patch
+    # adds one annotation, as CAST AI's Terraform example does) and again after them (so a patch
     # that removed the annotations cannot undo it).
     _mark(pod, mutation, done)
     pod = _run_sequences(pod, mutation.sequences, "patches", done)
