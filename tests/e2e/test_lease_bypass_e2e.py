@@ -477,7 +477,7 @@ def test_1_the_last_lease_deleted_or_expired_closes_the_namespace_to_recreated_p
     bypass: dict[str, Any], how: str, record_property: Callable[[str, object], None]
 ) -> None:
     name = f"doomed-{how}"
-    window = {"end": stamp(datetime.now(UTC) + timedelta(seconds=8))} if how == "expired" else {}
+    window = {"end": stamp(datetime.now(UTC) + timedelta(seconds=15))} if how == "expired" else {}
     create_lease(
         bypass, REQ, name, A100, 2, podSelector={"matchLabels": {"lease": name}},
         onExpiry={"action": "Evict", "gracePeriodSeconds": 1}, **({"window": window} if window else {}),
