@@ -12,7 +12,7 @@ patch carries, so the event's patch can be redacted against them (function/audit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from function.admission.wire import AdmissionReview
@@ -68,9 +68,14 @@ class AuditFacts:
     pod: PodFacts
     secrets: frozenset[str] = frozenset()
     """Strings of the Pod at places where secrets live that the decision's patch also carries."""
+    duration_seconds: float = field(default=0.0, compare=False)
+    """How long the engine took to decide, by the adapter's clock (the engine reads none); 0 when
+    nothing was decided. Not part of what makes two requests' facts the same."""
 
 
-def audit_facts(review: AdmissionReview, decision: Decision | None = None) -> AuditFacts:
+def audit_facts(
+    review: AdmissionReview, decision: Decision | None = None, duration_seconds: float = 0.0
+) -> AuditFacts:
     request = review.request
     return AuditFacts(
         uid=request.uid,
@@ -81,6 +86,7 @@ def audit_facts(review: AdmissionReview, decision: Decision | None = None) -> Au
         dry_run=bool(request.dryRun),
         pod=pod_facts(review),
         secrets=frozenset() if decision is None else secrets_in_patch(decision.patch, request.object),
+        duration_seconds=duration_seconds,
     )
 
 
@@ -120,8 +126,8 @@ def secret_strings(pod: Any) -> set[str]:
     found: set[str] = set()
     if not isinstance(spec, dict):
         return found
-    for field in CONTAINER_LISTS:
-        containers = spec.get(field)
+    for listed in CONTAINER_LISTS:
+        containers = spec.get(listed)
         for container in containers if isinstance(containers, list) else []:
             if not isinstance(container, dict):
                 continue

@@ -102,12 +102,13 @@ class Admission:
     def review(self, review: AdmissionReview) -> Answer:
         request = review.request
         decision: Decision | None = None
+        seconds = 0.0
         if not request.is_pod_create():
             # Registered for pods CREATE only; anything else (a misconfigured rule) passes untouched.
             response = allowed(request.uid)
         else:
             ctx = request_context(review, self.cluster())
-            decision = self._decide(request.object, ctx)
+            decision, seconds = self._decide(request.object, ctx)
             try:
                 response = response_for(request.uid, decision, describe_pod(request.object, ctx.namespace))
             except Exception as error:  # a bug building the reply is this request's internal error
@@ -116,7 +117,7 @@ class Admission:
                 response = response_for(request.uid, decision)
         facts: AuditFacts | None = None
         try:
-            facts = audit_facts(review, decision)
+            facts = audit_facts(review, decision, seconds)
         except Exception:  # recording must never turn an answer into a failure
             log.exception("taking the audit facts failed (request uid %s)", request.uid)
         else:
@@ -130,9 +131,9 @@ class Admission:
         except Exception:  # recording must never turn an answer into a failure
             log.exception("recording the decision failed (request uid %s)", facts.uid)
 
-    def _decide(self, pod: Any, ctx: RequestContext) -> Decision:
-        """The engine's decision, timed, with what an operator must see logged: the traceback of
-        an internal error, and why a patch was withheld."""
+    def _decide(self, pod: Any, ctx: RequestContext) -> tuple[Decision, float]:
+        """The engine's decision and the seconds it took, with what an operator must see logged:
+        the traceback of an internal error, and why a patch was withheld."""
         started = self.clock()
         try:
             decision = self.engine.decide_or_raise(pod, ctx)
@@ -142,5 +143,4 @@ class Admission:
         else:
             if decision.outcome == "error":
                 log.error("request uid %s: %s", ctx.uid, decision.reason)
-        decision.record_duration(self.clock() - started)
-        return decision
+        return decision, self.clock() - started

@@ -274,7 +274,7 @@ def _data(
         "configDigest": config_digest,
         "engineVersion": engine_version,
         "decidedAt": format_time(decided_at),
-        "durationSeconds": round(max(decision.duration_seconds, 0.0), 9),
+        "durationSeconds": round(max(facts.duration_seconds, 0.0), 9),
     }
 
 

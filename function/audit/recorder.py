@@ -66,7 +66,7 @@ class AuditRecorder:
         if decision is None:
             self.metrics.admission(IGNORED, dry_run, None)
             return
-        self.metrics.admission(decision.outcome, dry_run, decision.duration_seconds)
+        self.metrics.admission(decision.outcome, dry_run, facts.duration_seconds)
         if dry_run or self.sender is None:
             return
         event = build_wire_event(

@@ -42,14 +42,6 @@ class Decision:
     warnings: tuple[str, ...] = ()
     denial: str | None = None
     mutated_pod: Pod | None = field(default=None, compare=False, repr=False)
-    duration_seconds: float = field(default=0.0, compare=False)
-    """How long deciding took, as the caller measured it (``record_duration``)."""
-
-    def record_duration(self, seconds: float) -> None:
-        """Set ``duration_seconds`` on a decision nothing else holds yet (the caller's own, just
-        made): in place, since a copy through ``dataclasses.replace`` would cost more than the
-        timing is worth on every review."""
-        object.__setattr__(self, "duration_seconds", seconds)
 
     @property
     def acting_mutators(self) -> tuple[str, ...]:

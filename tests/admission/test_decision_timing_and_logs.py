@@ -23,10 +23,10 @@ def ticking(*readings: float) -> Any:
     return lambda: next(values)
 
 
-def test_a_decision_carries_the_time_the_adapter_measured() -> None:
+def test_the_audit_facts_carry_the_time_the_adapter_measured() -> None:
     subject = Admission(Engine(parse_config({})), clock=ticking(10.0, 10.25))
     answer = subject.review(pod_review(OPTED_IN))
-    assert answer.decision is not None and answer.decision.duration_seconds == 0.25
+    assert answer.facts is not None and answer.facts.duration_seconds == 0.25
 
 
 def test_an_internal_error_is_timed_and_logged_with_its_traceback_and_uid(
@@ -41,7 +41,7 @@ def test_an_internal_error_is_timed_and_logged_with_its_traceback_and_uid(
         answer = subject.review(pod_review(OPTED_IN))
     assert answer.decision is not None
     assert (answer.decision.outcome, answer.decision.allowed) == ("error", True)
-    assert answer.decision.duration_seconds == 2.5
+    assert answer.facts is not None and answer.facts.duration_seconds == 2.5
     [record] = caplog.records
     assert "u-1" in record.getMessage() and record.exc_info is not None
     assert "boom" in caplog.text

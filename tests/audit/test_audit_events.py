@@ -83,10 +83,12 @@ def test_mutated_event_attributes() -> None:
 
 def test_mutated_event_data_carries_the_exact_patch_and_the_reasons() -> None:
     config = Config()
-    review, decision, answer = decide("default-slice-inference", config)
-    assert decision is not None
+    review = parse_review(json.dumps(load_review("default-slice-inference")).encode())
+    reply, decision, facts = Admission(Engine(config)).review(review)  # the facts it measured
+    answer = reply.review(review.apiVersion)
+    assert decision is not None and facts is not None
     data = build_event(
-        audit_facts(review, decision),
+        facts,
         decision,
         event_id="e",
         decided_at=MOMENT,
@@ -113,7 +115,7 @@ def test_mutated_event_data_carries_the_exact_patch_and_the_reasons() -> None:
     assert data["configDigest"] == config.digest()
     assert data["engineVersion"] == ENGINE_VERSION
     assert data["decidedAt"] == "2025-03-04T05:06:07.890123Z"
-    assert data["durationSeconds"] == pytest.approx(decision.duration_seconds, abs=1e-9)
+    assert data["durationSeconds"] == pytest.approx(facts.duration_seconds, abs=1e-9)
 
 
 def test_controller_made_pod_is_named_by_generate_name_and_owner() -> None:

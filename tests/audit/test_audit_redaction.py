@@ -242,11 +242,10 @@ def test_times_are_utc_with_microseconds(moment: datetime, text: str) -> None:
     assert format_time(moment) == text
 
 
-def data_for(decision: Decision, username: str = "alice") -> dict[str, Any]:
+def data_for(decision: Decision, username: str = "alice", duration_seconds: float = 0.0) -> dict[str, Any]:
     review = pod_review(user={"username": username})
-    return event_data(
-        audit_facts(review, decision), decision, config_digest="d", decided_at=MOMENT, engine_version="9.9.9"
-    )
+    facts = audit_facts(review, decision, duration_seconds)
+    return event_data(facts, decision, config_digest="d", decided_at=MOMENT, engine_version="9.9.9")
 
 
 def test_long_reasons_are_cut_to_max_text_and_say_so() -> None:
@@ -258,8 +257,8 @@ def test_long_reasons_are_cut_to_max_text_and_say_so() -> None:
 
 
 def test_the_data_keeps_an_empty_username_the_engine_version_and_nine_digits_of_duration() -> None:
-    decision = Decision("unchanged", True, "r", duration_seconds=1.234567891234)
-    data = data_for(decision, username="")
+    decision = Decision("unchanged", True, "r")
+    data = data_for(decision, username="", duration_seconds=1.234567891234)
     assert data["user"]["username"] == ""
     assert data["engineVersion"] == "9.9.9"
     assert data["durationSeconds"] == 1.234567891
