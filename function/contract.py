@@ -40,16 +40,17 @@ Below the apiserver's longest webhook timeout (30 s), so a stalled client cannot
 WRITE_SECONDS: Final = 10.0
 """How long the server's send buffer may stay full (a client that sends requests and never reads
 the replies, pipelined); then the connection is dropped, freeing what it holds."""
-IDLE_KEEPALIVE_SECONDS: Final = 5.0
-"""A new connection that has not sent its first byte is closed after this."""
 KEPT_ALIVE_IDLE_SECONDS: Final = 120.0
 """A connection kept alive after a reply, with no request in progress, is closed after this. Longer
 than the apiserver's own idle limit (90 s: Go's http.DefaultTransport, whose value client-go's
 transports keep), so the apiserver ends its idle connections itself: a server closing first races
 with a review sent on that connection at the same moment, a POST the apiserver does not retry, and
-the Pod is admitted unmutated (failurePolicy: Ignore)."""
-SHUTDOWN_PICKUP_SECONDS: Final = 0.2
-"""At SIGTERM, how long an idle keep-alive connection waits for a request already on its way."""
+the Pod is admitted unmutated (failurePolicy: Ignore). At shutdown too, an idle connection is left
+to its client (function/serve/protocol.py ``shutdown``)."""
+IDLE_KEEPALIVE_SECONDS: Final = KEPT_ALIVE_IDLE_SECONDS
+"""A new connection that has not sent its first byte is closed after this: as long as a kept-alive
+one, for the same reason. Go's transport keeps a connection it dialled for a request that another
+connection served meanwhile in its idle pool, and sends a later review on it."""
 SHUTDOWN_LINGER_SECONDS: Final = 2.0
 """After the FIN that ends a connection (at shutdown, or after a 408/431), how long the client's
 late bytes are read and dropped before the socket closes: closing with bytes unread would reset."""

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from function.config_file import load_config, load_config_file
-from function.contract import EXIT_BAD_INPUT, LARGE_REVIEWS_ENV
+from function.contract import EXIT_BAD_INPUT, KEPT_ALIVE_IDLE_SECONDS, LARGE_REVIEWS_ENV
 from function.core.config import ConfigError, watches_for
 from function.serve.draining import drain_seconds
 
@@ -61,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     # The uvicorn worker functions-framework uses, on a protocol with header size, read-time and
     # idle limits and a shutdown that answers every request received (function/serve/protocol.py).
     options: dict[str, Any] = {"worker_class": "function.serve.protocol.CastSliceWorker"}
-    # gunicorn kills workers still running this long after SIGTERM: the drain, then its own 30 s.
-    options["graceful_timeout"] = math.ceil(drain) + 30  # gunicorn takes whole seconds
+    # gunicorn kills workers still running this long after SIGTERM: the drain, the idle connections
+    # left to their clients (closed by them, at the latest by the kept-alive limit), then 30 s for
+    # the audit queue. The manifests' termination grace periods match (tests/deploy).
+    options["graceful_timeout"] = math.ceil(drain + KEPT_ALIVE_IDLE_SECONDS) + 30  # whole seconds
     if args.tls_cert:
         from function.serve.tls import DEFAULT_INTERVAL_SECONDS, CertificateWatcher
 

@@ -6,8 +6,9 @@ meanwhile is, under ``failurePolicy: Ignore``, a Pod admitted unmutated. So for
 ``SHUTDOWN_DRAIN_SECONDS`` after SIGTERM the worker keeps accepting and answering, says it is not
 ready (``/readyz`` 503, so probes and load balancers stop picking it), and answers every request
 with ``connection: close`` (so clients open their next connection to a replica that stays); then
-uvicorn's own graceful shutdown runs (function/serve/protocol.py: in-flight requests answered, idle
-connections closed with a FIN, the audit queue drained).
+uvicorn's own graceful shutdown runs (function/serve/protocol.py: in-flight and later requests
+answered with ``connection: close``, idle connections left to their clients to close, then the
+audit queue drained).
 
 The flag is per process: the worker sets it, the app's readiness reads it.
 """

@@ -5,8 +5,9 @@ server ``functions-framework --asgi`` builds. uvicorn's httptools protocol has n
 a server facing a network needs: no bound on header size (a 60 MB header is read into memory), no
 time limit on reading headers or a body (a client sending one byte a second keeps a connection,
 and a body shorter than its Content-Length holds one, for ever), no idle limit on a connection
-that never sends a byte, and at shutdown it closes idle keep-alive connections with requests
-possibly already in the kernel's buffer, which answers those requests with a TCP reset.
+that never sends a byte, and at shutdown it closes idle keep-alive connections, racing a request
+the client may be writing at that moment (an HTTP/1.1 client cannot tell it from a request the
+server read, so the apiserver does not retry the POST: the Pod is admitted unmutated).
 
 ``HardenedHttpToolsProtocol`` adds exactly those rules to uvicorn's protocol, and
 ``CastSliceWorker`` is the uvicorn worker that uses it (``castslice serve`` passes it to gunicorn
@@ -48,7 +49,6 @@ from function.contract import (
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
     SHUTDOWN_LINGER_SECONDS,
-    SHUTDOWN_PICKUP_SECONDS,
     WRITE_SECONDS,
 )
 from function.serve.draining import DRAINING, drain_seconds
@@ -112,7 +112,7 @@ def _direct_eligible(cycle: RequestResponseCycle) -> bool:
 
 class HardenedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with size and time limits on reading a request, and a shutdown
-    that answers every request already received and closes idle connections with a FIN."""
+    that closes no connection its client may still send a request on."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -287,11 +287,6 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
         cycle.on_response()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self._shutting_down and not self.transport.is_closing():
-            self._close_idle_cleanly()
-
     # -- limits -------------------------------------------------------------------------------
     def _check_header_size(self) -> None:
         if self._header_bytes > MAX_HEADER_BYTES:
@@ -361,24 +356,20 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- graceful shutdown --------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Called by uvicorn's server once it stopped accepting connections (SIGTERM)."""
-        self._shutting_down = True
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False  # in flight: answered with "connection: close"
-            return
-        if self._reading_headers:
-            return  # a request is arriving: it is answered with "connection: close"
-        # Idle. A request may already sit in the socket's buffer, unread: closing now would answer
-        # it with a reset. Give the loop a moment to read it (then it is answered), else say FIN.
-        self._unset_keepalive_if_required()
-        self.loop.call_later(SHUTDOWN_PICKUP_SECONDS, self._close_if_still_idle)
+        """Called by uvicorn's server once it stopped accepting connections (SIGTERM).
 
-    def _close_if_still_idle(self) -> None:
-        if self.transport.is_closing() or self._reading_headers:
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return
-        self._close_idle_cleanly()
+        No connection the client may still reuse is closed by the server: an HTTP/1.1 client that
+        has just written a request on a kept-alive connection and reads the server's FIN gets an
+        EOF, and Go's transport (the apiserver's) does not retry a POST that met one. So a request
+        in flight, or arriving later, is answered with ``connection: close`` and the connection
+        closes after that answer; an idle connection stays open until its client closes it (the
+        apiserver's idle limit is below KEPT_ALIVE_IDLE_SECONDS, which still bounds it)."""
+        self._shutting_down = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.response_started:
+            cycle.keep_alive = False  # in flight: answered with "connection: close"
+        # A reply already started without "connection: close" promised the client this
+        # connection: it stays open, idle, after that reply, like any other.
 
     def _close_idle_cleanly(self) -> None:
         self._unset_keepalive_if_required()

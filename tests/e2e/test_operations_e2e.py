@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from function.contract import SHUTDOWN_DRAIN_SECONDS
 from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
@@ -53,6 +54,8 @@ CONFIG: dict[str, Any] = {"spot": {"enabled": True, "spotPercentageOfReplicaSet"
 CONTROL_NAMESPACE = "ops-control"
 """Where the controllers' Lease lives (no webhook route: nothing there is admitted by ours)."""
 DRIFT_INTERVAL = 10
+GRACE_SECONDS = 135
+"""terminationGracePeriodSeconds of knative/overlays/deployment (tests/deploy/test_termination_grace.py)."""
 ENDPOINT_LAG = 2.0
 """Seconds a terminating replica still receives new connections (endpoints -> kube-proxy)."""
 UNSCHEDULED = "castslice-e2e-nobody"
@@ -153,9 +156,11 @@ class Replicas:
         self.running.append(server)
         return server
 
-    def terminate(self, server: ServedWebhook, timeout: float = 30) -> float:
+    def terminate(self, server: ServedWebhook, timeout: float = GRACE_SECONDS) -> float:
         """SIGTERM to the process the container runtime would signal (gunicorn's arbiter), the
-        endpoint leaving ENDPOINT_LAG seconds later; returns how long the process took to exit."""
+        endpoint leaving ENDPOINT_LAG seconds later; returns how long the process took to exit
+        (up to the apiserver's idle limit after the drain: the process closes no connection the
+        apiserver may still send a review on)."""
         self.running.remove(server)
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
@@ -166,8 +171,16 @@ class Replicas:
         return time.monotonic() - started
 
     def stop_all(self) -> None:
+        """Every replica gone: SIGTERM, the drain, then killed instead of waiting for the
+        apiserver to close its idle connections (the webhook is down from then on)."""
         for server in list(self.running):
-            self.terminate(server)
+            self.running.remove(server)
+            server.process.send_signal(signal.SIGTERM)
+            self.proxy.remove_later(server.port)
+            self.stopped.append(server)
+        time.sleep(SHUTDOWN_DRAIN_SECONDS + 1)
+        for server in self.stopped:
+            kill_group(server.process)
 
 
 class Controllers:
@@ -681,20 +694,22 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     handovers: list[float] = []
     rolling_controllers = threading.Thread(target=roll, args=(controllers, handovers), daemon=True)
     rolling_controllers.start()
-    restarts = []
+    started: list[tuple[str, str, float, list[float]]] = []
+    stopping: list[threading.Thread] = []
     for old in list(replicas.running):
         began = time.monotonic()
         exit_seconds: list[float] = []
-        stopping = threading.Thread(
-            target=lambda old=old, out=exit_seconds: out.append(replicas.terminate(old))
+        stopping.append(
+            threading.Thread(target=lambda old=old, out=exit_seconds: out.append(replicas.terminate(old)))
         )
-        stopping.start()
+        stopping[-1].start()
         replacement = replicas.start()
-        ready_seconds = time.monotonic() - began
-        stopping.join(60)
-        restarts.append((old.name, replacement.name, round(exit_seconds[0], 1), round(ready_seconds, 1)))
+        started.append((old.name, replacement.name, round(time.monotonic() - began, 1), exit_seconds))
         time.sleep(5)
     elapsed = load.join()
+    for thread in stopping:  # an old replica may outlive the load, holding idle connections
+        thread.join(GRACE_SECONDS + 10)
+    restarts = [(old, new, round(out[0], 1) if out else None, ready) for old, new, ready, out in started]
     rolling_controllers.join(180)
     controllers.stop_polling(poller)
     assert not load.errors, load.errors[:5]
