@@ -19,6 +19,8 @@ Pure checks over a Pod dict, as stable human-readable strings.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from operator import is_not
 from typing import Any
 
@@ -257,19 +259,48 @@ def scheduling_violations(pod: Pod) -> set[str]:
     """How the Pod's placement fields (labels, tolerations, nodeSelector, node affinity) break the
     apiserver's validation (ValidatePod in k8s.io/kubernetes/pkg/apis/core/validation), as stable
     strings. The spot and PodMutation mutators write these fields."""
-    problems: set[str] = set()
     labels, annotations, selector, tolerations, affinity = placement_fields(pod)
-    for key, value in labels.items() if isinstance(labels, dict) else ():
-        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
-            problems.add(f"metadata.labels[{key}]: not a valid label")
-    for key, value in annotations.items() if isinstance(annotations, dict) else ():
-        if not isinstance(value, str):
-            problems.add(f"metadata.annotations[{key}]: must be a string")
+    return (
+        _label_problems("metadata.labels", labels)
+        | _annotation_problems(annotations)
+        | _selector_problems(selector)
+        | _toleration_problems(tolerations)
+        | _affinity_problems(affinity)
+    )
+
+
+def _entries(mapping: Any, keys: Iterable[Any] | None) -> Iterator[tuple[Any, Any]]:
+    """The map's entries, or only those of ``keys`` (None: all); nothing when it is no map."""
+    if not isinstance(mapping, dict):
+        return iter(())
+    return iter(mapping.items()) if keys is None else ((key, mapping[key]) for key in keys)
+
+
+def _label_problems(where: str, labels: Any, keys: Iterable[Any] | None = None) -> set[str]:
+    return {
+        f"{where}[{key}]: not a valid label"
+        for key, value in _entries(labels, keys)
+        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value)
+    }
+
+
+def _annotation_problems(annotations: Any, keys: Iterable[Any] | None = None) -> set[str]:
+    return {
+        f"metadata.annotations[{key}]: must be a string"
+        for key, value in _entries(annotations, keys)
+        if not isinstance(value, str)
+    }
+
+
+def _selector_problems(selector: Any, keys: Iterable[Any] | None = None) -> set[str]:
+    problems = _label_problems("spec.nodeSelector", selector, keys)
     if selector is not None and not isinstance(selector, dict):
         problems.add("spec.nodeSelector: must be a map")
-    for key, value in selector.items() if isinstance(selector, dict) else ():
-        if label_key_problem(str(key)) or not isinstance(value, str) or label_value_problem(value):
-            problems.add(f"spec.nodeSelector[{key}]: not a valid label")
+    return problems
+
+
+def _toleration_problems(tolerations: Any) -> set[str]:
+    problems: set[str] = set()
     for index, toleration in enumerate(tolerations if isinstance(tolerations, list) else ()):
         where = f"spec.tolerations[{index}]"
         if not isinstance(toleration, dict):
@@ -282,6 +313,11 @@ def scheduling_violations(pod: Pod) -> set[str]:
             problems.add(f"{where}: Exists takes no value")
         if not toleration.get("key") and operator != "Exists":
             problems.add(f"{where}: an empty key needs operator Exists")
+    return problems
+
+
+def _affinity_problems(affinity: Any) -> set[str]:
+    problems: set[str] = set()
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     if not isinstance(node_affinity, dict):
         return problems
@@ -308,6 +344,25 @@ def scheduling_violations(pod: Pod) -> set[str]:
     return problems
 
 
+def _per_key_introduced(check: Callable[..., set[str]], new: Any, old: Any) -> set[str]:
+    """``check(new) - check(old)`` for a map of per-entry rules, looking only at the entries of
+    ``new`` that are not in ``old`` as they were: an entry kept as it was breaks the same rule in
+    both (a patch adding one annotation does not walk all the Pod's labels and annotations)."""
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return check(new) - check(old)
+    changed = [
+        key
+        for key, value in new.items()
+        if (was := old.get(key, _ABSENT)) is not value and not (type(was) is type(value) and was == value)
+    ]
+    if not changed:
+        return set()
+    return check(new, changed) - check(old, [key for key in changed if key in old])
+
+
+_ABSENT: Any = object()
+
+
 # -- the proof's question -------------------------------------------------------------------------
 def introduced(original: Pod, patched: Pod) -> set[str]:
     """Every rule above that ``patched`` breaks and ``original`` kept: what the proof refuses.
@@ -317,8 +372,18 @@ def introduced(original: Pod, patched: Pod) -> set[str]:
     have the original's violations, so they are not walked (a GPU patch never touches them), and
     the original is walked only when the result has a violation at all."""
     found = introduced_violations(original, patched)
-    if any(map(is_not, placement_fields(patched), placement_fields(original))):
-        placement = scheduling_violations(patched)
-        if placement:
-            found |= placement - scheduling_violations(original)
+    after, before = placement_fields(patched), placement_fields(original)
+    if not any(map(is_not, after, before)):
+        return found
+    labels, annotations, selector, tolerations, affinity = zip(after, before, strict=True)
+    if labels[0] is not labels[1]:
+        found |= _per_key_introduced(partial(_label_problems, "metadata.labels"), *labels)
+    if annotations[0] is not annotations[1]:
+        found |= _per_key_introduced(_annotation_problems, *annotations)
+    if selector[0] is not selector[1]:
+        found |= _per_key_introduced(_selector_problems, *selector)
+    if tolerations[0] is not tolerations[1]:
+        found |= _toleration_problems(tolerations[0]) - _toleration_problems(tolerations[1])
+    if affinity[0] is not affinity[1]:
+        found |= _affinity_problems(affinity[0]) - _affinity_problems(affinity[1])
     return found

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from function.core.json_patch import apply_patch
 from function.core.rules import (
@@ -234,3 +236,42 @@ def test_valid_extended_resources_have_no_violations() -> None:
             {"limits": {"nvidia.com/gpu": "1", "cpu": "500m"}, "requests": {"nvidia.com/gpu": 1, "cpu": "1"}}
         )
     )
+
+
+_LABEL_KEYS = st.sampled_from(["app", "tier", "bad key!", "x.io/ok", "-no", "a" * 64, "castops.io/p"])
+_LABEL_VALUES = st.one_of(st.sampled_from(["v", "", "not valid!", "b" * 64]), st.integers(0, 2), st.none())
+_MAPS = st.one_of(st.none(), st.just([]), st.dictionaries(_LABEL_KEYS, _LABEL_VALUES, max_size=5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries({"labels": _MAPS, "annotations": _MAPS, "nodeSelector": _MAPS}),
+    st.fixed_dictionaries({"labels": _MAPS, "annotations": _MAPS, "nodeSelector": _MAPS}),
+    st.sampled_from(["labels", "annotations", "nodeSelector"]),
+)
+def test_only_the_entries_a_patch_changed_are_judged_and_the_answer_is_the_whole_walks(
+    before: dict[str, Any], after: dict[str, Any], kept: str
+) -> None:
+    """A patch that adds one annotation does not walk every label and annotation of the Pod (a
+    3 MiB Pod's labels were most of its review), and the answer is still exactly the whole
+    walks' difference, whatever the maps hold; a map the patch kept is the very same object."""
+    from function.core.rules import scheduling_violations
+
+    def made(fields: dict[str, Any]) -> dict[str, Any]:
+        metadata = {key: fields[key] for key in ("labels", "annotations") if fields[key] is not None}
+        spec: dict[str, Any] = {"containers": [{"name": "c"}]}
+        if fields["nodeSelector"] is not None:
+            spec["nodeSelector"] = fields["nodeSelector"]
+        return {"metadata": metadata, "spec": spec}
+
+    original, result = made(before), made(after)
+    where = result["spec"] if kept == "nodeSelector" else result["metadata"]
+    source = original["spec"] if kept == "nodeSelector" else original["metadata"]
+    if kept in source:
+        where[kept] = source[kept]  # the very object, as a patch that leaves it alone shares it
+    else:
+        where.pop(kept, None)
+    whole = introduced_violations(original, result) | (
+        scheduling_violations(result) - scheduling_violations(original)
+    )
+    assert introduced(original, result) == whole
