@@ -124,6 +124,25 @@ class Admission:
             self.record(facts, decision)
         return Answer(response, decision, facts)
 
+    def undecided(self, review: AdmissionReview, why: str) -> Answer:
+        """The answer to a review the serving process could not decide in time (``why``), recorded
+        as any other: per onInternalError, as an internal error is (``Engine.undecided``)."""
+        request = review.request
+        if not request.is_pod_create():
+            return self.review(review)  # nothing to decide: allowed at once
+        ctx = request_context(review)
+        log.error("request uid %s: %s", request.uid, why)
+        decision = self.engine.undecided(why, ctx)
+        response = response_for(request.uid, decision, describe_pod(request.object, ctx.namespace))
+        facts: AuditFacts | None = None
+        try:
+            facts = audit_facts(review, decision)
+        except Exception:  # recording must never turn an answer into a failure
+            log.exception("taking the audit facts failed (request uid %s)", request.uid)
+        else:
+            self.record(facts, decision)
+        return Answer(response, decision, facts)
+
     def record(self, facts: AuditFacts, decision: Decision | None) -> None:
         """Hands a decision to the recorder: also for one decided in another process."""
         try:

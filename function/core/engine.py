@@ -241,15 +241,18 @@ class Engine:
 
     def internal_error(self, error: Exception, request: RequestContext) -> Decision:
         summary = f"internal error: {type(error).__name__}"
+        return self._failed(summary, f"{summary}: {error}", request)
+
+    def undecided(self, why: str, request: RequestContext) -> Decision:
+        """The decision for a review the serving process could not decide in time (``why``): as an
+        internal error, per onInternalError, the reason said to the user."""
+        return self._failed(why, why, request)
+
+    def _failed(self, summary: str, reason: str, request: RequestContext) -> Decision:
         if self.config.onInternalError is OnInternalError.deny:
             message = f"castslice: {summary} (request uid {request.uid}); Pod denied by onInternalError: deny"
-            return Decision("error", False, f"{summary}: {error}", denial=message)
-        return Decision(
-            "error",
-            True,
-            f"{summary}: {error}",
-            warnings=(f"castslice: {summary}; Pod admitted unchanged",),
-        )
+            return Decision("error", False, reason, denial=message)
+        return Decision("error", True, reason, warnings=(f"castslice: {summary}; Pod admitted unchanged",))
 
 
 def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> None:

@@ -99,7 +99,7 @@ def build_webhook_and_recorder(
     cluster = with_ledger(snapshot, ledger, turns)
     # What a large review decided in the child process reads (function/serve/offload.py): the same
     # snapshot and ledgers, without a turn (held across the child's decision, it would stop the
-    # event loop's own reviews).
+    # event loop's own reviews); its decision is checked against the ledgers when it is recorded.
     unturned = with_ledger(snapshot, ledger)
     if config.section("gpuLeases").enabled:
         if lease_ledger is not None:
@@ -114,7 +114,10 @@ def build_webhook_and_recorder(
         # half-known cluster would be a guess. Not ready either once draining after SIGTERM.
         return recorder.ready() and not DRAINING.is_set() and (watcher is None or watcher.synced())
 
-    offload = LargeReviews(config, unturned if watcher is not None else None) if large_reviews else None
+    written = tuple(kept for kept in (ledger, lease_ledger) if kept is not None)
+    offload = (
+        LargeReviews(config, unturned if watcher is not None else None, written) if large_reviews else None
+    )
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)
     webhook.watcher = watcher
     return webhook, recorder

@@ -13,6 +13,8 @@ WebhookOnDemand that builds one where it is served) and writes back what it answ
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +26,12 @@ from function.contract import HEALTHZ_PATH, MAX_BODY_BYTES
 from function.core.config import Config
 from function.serve.app import WebhookOnDemand, build_webhook
 from function.serve.http_api import CLIENT_GONE, HttpReply, ReviewHandler, is_review
+from function.serve.offload import LargeReviews
+
+log = logging.getLogger("castslice.server")
+
+LARGE_REVIEW_START_SECONDS = 60.0
+"""How long the serving process waits, at start, for its large-review process to be ready."""
 
 FUNC_SOURCE = Path(__file__).parent.parent / "func.py"
 
@@ -155,16 +163,28 @@ class ServingApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    self.reviews.start()
+                    webhook = self.reviews.start()
                 except Exception as error:
                     # The server logs the message and exits; raised too, as Starlette's own
                     # lifespan does, for servers that report the app's exception instead.
                     await send({"type": "lifespan.startup.failed", "message": f"{error}"})
                     raise
+                if webhook.large_reviews is not None:
+                    await large_reviews_started(webhook.large_reviews)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+async def large_reviews_started(large_reviews: LargeReviews) -> None:
+    """The large-review process spawned and ready before the server accepts a review: started on
+    the first large review instead, that review would wait for a Python process to start, past
+    the apiserver's timeout on a busy machine. If it does not start, large reviews try again."""
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(large_reviews.start()), LARGE_REVIEW_START_SECONDS)
+    except Exception:
+        log.exception("the large-review process did not start; large reviews will try again")
 
 
 def serving_app(target: str, config: Config | None = None, *, large_reviews: bool = False) -> ASGIApp:

@@ -10,7 +10,6 @@ of our answer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,11 +121,10 @@ class WebhookHttp:
         ):
             return self.handle(method, path, body)
         try:
-            outcome = await asyncio.wrap_future(self.large_reviews.submit(body))
+            return await self.large_reviews.answer(self, path, body)
         except Exception:  # a dead child must not fail the review: decide it here instead
             log.exception("large-review process failed; deciding in-process")
             return self.handle(method, path, body)
-        return self.recorded(*outcome)
 
     def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
         if is_review(method, path):
@@ -157,6 +155,15 @@ class WebhookHttp:
         if facts is not None:
             self.admission.record(facts, decision)
         return HttpReply(status, body)
+
+    def undecided(self, body: bytes, why: str) -> HttpReply:
+        """The reply to a review not decided in time (``why``; Admission.undecided), recorded."""
+        try:
+            review = parse_review(body)
+        except BadReview as bad:
+            log.warning("bad admission request: %s", bad)
+            return problem(400, str(bad))
+        return json_reply(200, self.admission.undecided(review, why).review(review.apiVersion))
 
     def mutate(self, body: bytes) -> HttpReply:
         try:

@@ -29,7 +29,7 @@ from function.core.engine import Decision
 from function.core.leases import CHARGED_PODS
 from function.core.mutators.gpu_leases import LeaseView, LedgerCharge, ledger_charge
 from function.core.view import ClusterView
-from function.serve.spot_ledger import DecisionTurns
+from function.serve.spot_ledger import DecisionTurns, WriteMarks
 
 
 class LeaseLedger:
@@ -46,6 +46,7 @@ class LeaseLedger:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, deque[tuple[float, LedgerCharge]]] = OrderedDict()
+        self._writes = WriteMarks(max_leases)
 
     def record(self, lease_key: str, charge: LedgerCharge) -> None:
         with self._lock:
@@ -57,6 +58,14 @@ class LeaseLedger:
             else:
                 self._entries.move_to_end(lease_key)
             queue.append((self._clock(), charge))
+            self._writes.write(lease_key)
+
+    def written_since(self, pod: Mapping[str, Any] | None, mark: int) -> bool:
+        """Whether a charge was written, after ``mark``, to the lease an admitted ``pod`` is charged
+        to: a decision over an older snapshot may not have counted it."""
+        found = ledger_charge(pod) if isinstance(pod, Mapping) else None
+        with self._lock:
+            return found is not None and self._writes.since(found[0], mark)
 
     def watched(self, index: str, old: Any, new: Any) -> None:
         """The watch's listener: a charged Pod the view now holds (or held: one deleted before

@@ -9,25 +9,36 @@ decided beside it (``python tests/benchmarks/webhook.py --large`` measures it; d
 the figures).
 
 ``LargeReviews`` keeps one child process (spawned, so it shares no threads or loop state with the
-worker) that parses and decides; it sends back the reply bytes, the decision and the request's
-audit facts (function/admission/facts.py), and the worker records them (metrics, audit event)
-exactly as for a small review. One child, one review at a time, in arrival order: more would
-only share the same core.
+worker) that answers with the very handler the worker uses (``WebhookHttp.handle``: one decision
+path), and sends back the reply bytes, the decision and the request's audit facts
+(function/admission/facts.py); the worker records them (metrics, audit event, ledgers) exactly as
+for a small review. One child, one review at a time, in arrival order: more would only share the
+same cores. The child runs at the worker's own priority: at a lower one, any busy process on the
+machine took its CPU, and a large review waited past the apiserver's timeout.
 
 The child decides over the worker's cluster view (``RemoteView``): the worker takes the review's
-snapshot when it hands the review over, and answers the child's reads of it (the compiled
+snapshot when the child starts it, and answers the child's reads of it (the compiled
 PodMutations, one owner's sibling group, a ReplicaSet, the ledgers) over a pipe, from a thread.
 What a decision reads is small, so the worker's share of a large review stays a few small
 pickles, and the child sees exactly what the review would have seen on the event loop. An index
 the child has read is kept while the worker's snapshot holds the very same index object (the view
 replaces an index when it changes), so the PodMutations are not sent again for every review.
-The one difference: a large review takes no decision turn (function/serve/spot_ledger.py
-``DecisionTurns``): a turn held across the child's decision would stop the event loop's own
-reviews; a small sibling decided meanwhile can be counted once less, as across two processes.
+
+Decision turns (function/serve/spot_ledger.py ``DecisionTurns``) make one process's decisions
+happen one at a time from snapshot to record, so a lease is never over-charged by one process. A
+turn held across the child's decision would stop the event loop's own reviews; instead a large
+review's decision is checked when it is recorded, on the event loop: the snapshot carries a mark
+(``ledger_mark``), and if a ledger was written since under the key its own charge or placement
+goes to (its lease, its owner), the decision may not have counted that entry, and the child
+decides the review again over a fresh snapshot. So a large review is recorded as if it had held
+a turn. A review not decided within LARGE_REVIEW_SECONDS of its arrival (the queue, a slow
+machine, a ledger that kept changing) is answered as undecided (``WebhookHttp.undecided``: per
+onInternalError) before the apiserver's timeout, not left to its failurePolicy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -38,33 +49,57 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
 from itertools import count
 from multiprocessing.connection import Connection
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any, Protocol
 
 from function.admission.facts import AuditFacts
 from function.admission.review import Admission
-from function.admission.wire import BadReview, parse_review
+from function.contract import LARGE_REVIEW_SECONDS
 from function.core.config import Config
-from function.core.engine import Decision
+from function.core.engine import Decision, Engine
 from function.core.view import EMPTY_VIEW, ClusterView
-from function.serve.http_api import problem
+from function.serve.spot_ledger import ledger_mark
+
+if TYPE_CHECKING:
+    from function.serve.http_api import HttpReply, WebhookHttp
 
 log = logging.getLogger("castslice.offload")
 
-Outcome = tuple[int, bytes, AuditFacts | None, Decision | None]
-"""HTTP status, reply body, the audit facts to record (None for a 400), the decision."""
+Outcome = tuple[int, bytes, AuditFacts | None, Decision | None, int | None]
+"""HTTP status, reply body, the audit facts to record (None for a 400), the decision, and the
+mark of the snapshot it was decided over (None: it read none)."""
 
-_admission: Admission | None = None
+
+# -- in the child ---------------------------------------------------------------------------------
+class _Captured:
+    """The child's recorder: the worker records, so the child only keeps what it would record."""
+
+    def __init__(self) -> None:
+        self.last: tuple[AuditFacts, Decision | None] | None = None
+
+    def record(self, facts: AuditFacts, decision: Decision | None) -> None:
+        self.last = (facts, decision)
+
+
+_webhook: WebhookHttp | None = None
+_captured = _Captured()
 _view_pipe: Connection | None = None
 """In the child: the pipe to the worker's view server (None: the worker has no view)."""
 _review_token = 0
 """In the child: the review being decided, as the worker numbered it."""
+_review_mark: int | None = None
+"""In the child: the mark of the snapshot the review being decided reads (None: none yet)."""
 _indices: dict[str, tuple[int, RemoteIndex]] = {}
 """In the child: each index read, with the worker's number for the index object it came from."""
 
 
-# -- the child's view of the worker's snapshot ----------------------------------------------------
+def child_webhook(engine: Engine) -> WebhookHttp:
+    """The handler the child answers with: the worker's own (WebhookHttp), over the worker's view,
+    its decisions kept for the worker to record."""
+    from function.serve.http_api import WebhookHttp
+
+    return WebhookHttp(Admission(engine, _captured, cluster=_current_view))
+
+
 class ViewGone(RuntimeError):
     """The worker did not answer a read of its view."""
 
@@ -161,31 +196,25 @@ class RemoteTallyView(RemoteView):
 
 
 def _current_view() -> ClusterView:
+    global _review_mark
     if _view_pipe is None:
         return EMPTY_VIEW
-    available, has_tally, now = _ask("begin")
+    available, has_tally, now, mark = _ask("begin")
+    _review_mark = mark
     if available is None:
         return EMPTY_VIEW  # the worker has no snapshot for this review
     return (RemoteTallyView if has_tally else RemoteView)(available, now)
 
 
-CHILD_NICENESS = 10
-"""CFS gives a nice-10 process about a tenth of the weight of the nice-0 worker beside it."""
-
-
 def _start_child(config: Config, view_pipe: Connection | None = None) -> None:
     # In the child: the engine from the worker's configuration (passed, pickled), without a
     # recorder: the worker records.
-    global _admission, _view_pipe
-    from function.core.engine import Engine
+    global _webhook, _view_pipe
     from function.logs import configure_logging
 
     configure_logging()
-    # Lower priority than the worker: on a shared core the scheduler then runs the worker (small
-    # reviews, /healthz) as soon as it has work; the child still gets every cycle the worker leaves.
-    os.nice(CHILD_NICENESS)
     _view_pipe = view_pipe
-    _admission = Admission(Engine(config), cluster=_current_view)
+    _webhook = child_webhook(Engine(config))
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 
@@ -195,6 +224,11 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(0)
+
+
+def _ready() -> bool:
+    """In the child: nothing; submitted at start so that the child is spawned then."""
+    return _webhook is not None
 
 
 def _slim(pod: Any) -> Any:
@@ -208,51 +242,102 @@ def _slim(pod: Any) -> Any:
     return {"metadata": {key: metadata[key] for key in kept if key in metadata}}
 
 
-def decide(body: bytes, token: int = 0) -> Outcome:
-    """In the child: the reply to one body, as WebhookHttp.mutate would build it; ``token``
-    names the worker's snapshot for this review."""
-    global _review_token
-    assert _admission is not None, "child not started"
-    _review_token = token
-    try:
-        review = parse_review(body)
-    except BadReview as bad:
-        log.warning("bad admission request: %s", bad)
-        return 400, problem(400, str(bad)).body, None, None
-    answer = _admission.review(review)
-    reply = orjson.dumps(answer.review(review.apiVersion))
-    decision = answer.decision
+def decide(path: str, body: bytes, token: int = 0) -> Outcome:
+    """In the child: the worker's handler's answer to one review (``WebhookHttp.handle``), with
+    what it would record; ``token`` names the worker's snapshot for this review."""
+    global _review_token, _review_mark
+    assert _webhook is not None, "child not started"
+    _review_token, _review_mark = token, None
+    _captured.last = None
+    reply = _webhook.handle("POST", path, body)
+    facts, decision = _captured.last if _captured.last is not None else (None, None)
+    _captured.last = None
     if decision is not None:
         decision = replace(decision, mutated_pod=_slim(decision.mutated_pod))
-    return 200, reply, answer.facts, decision
+    return reply.status, reply.body, facts, decision, _review_mark
+
+
+# -- in the worker --------------------------------------------------------------------------------
+class Ledgers(Protocol):
+    """What a ledger tells a large review's check (function/serve/spot_ledger.py, lease_ledger.py)."""
+
+    def written_since(self, pod: Mapping[str, Any] | None, mark: int) -> bool: ...
 
 
 class LargeReviews:
     """One child process deciding large reviews with ``config``'s engine, spawned on the first
     large review, in the serving process: building a webhook starts no process. ``cluster``
     gives a review's snapshot (as Admission's ``cluster``, without decision turns); the child
-    reads it through ``ViewServer``."""
+    reads it through ``ViewServer``. ``ledgers``: the worker's ledgers, checked when a large
+    review's decision is recorded (see the module's doc)."""
 
-    def __init__(self, config: Config, cluster: Callable[[], ClusterView] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        cluster: Callable[[], ClusterView] | None = None,
+        ledgers: tuple[Ledgers, ...] = (),
+        seconds: float = LARGE_REVIEW_SECONDS,
+    ) -> None:
         self.config = config
         self.cluster = cluster
+        self.ledgers = ledgers
+        self.seconds = seconds
         self.pool: ProcessPoolExecutor | None = None
         self.views: ViewServer | None = None
         self._lock = threading.Lock()
 
-    def submit(self, body: bytes) -> Future[Outcome]:
+    async def answer(self, webhook: WebhookHttp, path: str, body: bytes) -> HttpReply:
+        """The reply to one large review, decided in the child and recorded by ``webhook`` (the
+        worker's handler); decided again while a ledger was written under its key since its
+        snapshot; undecided (``WebhookHttp.undecided``) once LARGE_REVIEW_SECONDS have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.seconds
+        attempts = 0
+        while True:
+            attempts += 1
+            future = self.submit(path, body)
+            try:
+                left = max(0.0, deadline - loop.time())
+                outcome = await asyncio.wait_for(asyncio.wrap_future(future), left)
+            except TimeoutError:
+                future.cancel()  # still queued: never decided (a running one cannot be stopped)
+                return webhook.undecided(body, f"large review not decided within {self.seconds:g} s")
+            status, reply, facts, decision, mark = outcome
+            # From here to the record nothing awaits: no other review is decided in between.
+            if not self._stale(facts, decision, mark):
+                return webhook.recorded(status, reply, facts, decision)
+            log.info("large review decided again: a ledger was written under its key meanwhile")
+            if loop.time() >= deadline:
+                why = f"large review not decided within {self.seconds:g} s ({attempts} attempts)"
+                return webhook.undecided(body, why)
+
+    def _stale(self, facts: AuditFacts | None, decision: Decision | None, mark: int | None) -> bool:
+        """Whether the decision would write a ledger entry (a mutation that reached the
+        apiserver) under a key written since its snapshot's ``mark``."""
+        if mark is None or decision is None or facts is None or facts.dry_run:
+            return False
+        if decision.outcome != "mutated":
+            return False
+        return any(ledger.written_since(decision.mutated_pod, mark) for ledger in self.ledgers)
+
+    def submit(self, path: str, body: bytes) -> Future[Outcome]:
         pool = self._started()
         if self.views is None or self.cluster is None:
-            return pool.submit(decide, body)
+            return pool.submit(decide, path, body)
         views = self.views
-        token = views.hold(self.cluster())
+        token = views.hold(self.cluster)
         try:
-            future = pool.submit(decide, body, token)
+            future = pool.submit(decide, path, body, token)
         except BaseException:  # a broken pool: the review is decided in-process, the snapshot let go
             views.release(token)
             raise
         future.add_done_callback(lambda _: views.release(token))
         return future
+
+    def start(self) -> Future[bool]:
+        """Spawn the child now (the serving process awaits this before it starts serving), so the
+        first large review does not wait for a Python process to start and import the engine."""
+        return self._started().submit(_ready)
 
     def _started(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -278,22 +363,25 @@ class LargeReviews:
 
 class ViewServer:
     """In the worker: answers the child's reads of the snapshots of the reviews it decides, on a
-    thread of its own (each answer is a dict lookup and a small pickle)."""
+    thread of its own (each answer is a dict lookup and a small pickle). A review's snapshot is
+    taken when the child begins it, after a ledger mark."""
 
     def __init__(self, pipe: Connection) -> None:
         self.pipe = pipe
+        self._sources: dict[int, Callable[[], ClusterView]] = {}
         self._snapshots: dict[int, ClusterView] = {}
         self._numbers = count(1)
         self._index_numbers: dict[str, tuple[object, int]] = {}
         """Each index last numbered, held (so no other object takes its place) with its number."""
         threading.Thread(target=self._serve, name="castslice-large-review-view", daemon=True).start()
 
-    def hold(self, snapshot: ClusterView) -> int:
+    def hold(self, source: Callable[[], ClusterView]) -> int:
         token = next(self._numbers)
-        self._snapshots[token] = snapshot
+        self._sources[token] = source
         return token
 
     def release(self, token: int) -> None:
+        self._sources.pop(token, None)
         self._snapshots.pop(token, None)
 
     def close(self) -> None:
@@ -306,7 +394,10 @@ class ViewServer:
             except (EOFError, OSError):
                 return  # the child (or the worker's pool) is gone
             try:
-                answer: tuple[str, Any] = ("ok", self.answer(self._snapshots.get(token), question, *args))
+                if question == "begin":
+                    answer: tuple[str, Any] = ("ok", self.begin(token))
+                else:
+                    answer = ("ok", self.answer(self._snapshots.get(token), question, *args))
             except Exception as error:  # the child raises it as ViewGone: an internal error, logged
                 log.exception("answering the large-review process's %s read", question)
                 answer = ("error", f"{question}: {error!r}")
@@ -315,11 +406,17 @@ class ViewServer:
             except (OSError, ValueError):
                 return
 
+    def begin(self, token: int) -> tuple[bool | None, bool, Any, int | None]:
+        """(available, keeps tallies, the snapshot's time, its ledger mark) of the snapshot taken
+        now for review ``token``; (None, False, None, None) when it has none."""
+        source = self._sources.get(token)
+        if source is None:
+            return None, False, None, None
+        mark = ledger_mark()  # before the snapshot: a write it misses is numbered after the mark
+        view = self._snapshots[token] = source()
+        return view.available, callable(getattr(view, "tally", None)), getattr(view, "now", None), mark
+
     def answer(self, view: ClusterView | None, question: str, *args: Any) -> Any:
-        if question == "begin":
-            if view is None:
-                return None, False, None
-            return view.available, callable(getattr(view, "tally", None)), getattr(view, "now", None)
         if view is None:
             raise LookupError("no snapshot for this review")
         if question == "number":

@@ -16,6 +16,7 @@ oldest go first).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -35,6 +36,40 @@ from function.core.view import MUTATION_GROUP_ANNOTATION, ClusterView
 
 log = logging.getLogger("castslice.spot")
 
+_SEQUENCE = itertools.count(1)
+"""One sequence for every ledger write and every mark in this process (``next`` is atomic)."""
+
+
+def ledger_mark() -> int:
+    """A number every later ledger write exceeds: a decision taken over a snapshot taken after
+    this mark can ask each ledger whether its key was written since (``written_since``)."""
+    return next(_SEQUENCE)
+
+
+class WriteMarks:
+    """Per key, the sequence number of the key's last write, kept after the entries themselves
+    leave (expired, or shown by the view): a charge that moved from the ledger to the view
+    meanwhile was still written after the mark. Bounded; a key pushed out counts as written
+    after any mark older than the newest number pushed out."""
+
+    def __init__(self, max_keys: int) -> None:
+        self.max_keys = max_keys
+        self._marks: OrderedDict[str, int] = OrderedDict()
+        self._forgotten = 0
+
+    def write(self, key: str) -> None:
+        """Called under the ledger's lock, with the entry written: a mark taken after this number
+        is taken after the entry is in (the snapshot takes the same lock)."""
+        self._marks[key] = next(_SEQUENCE)
+        self._marks.move_to_end(key)
+        while len(self._marks) > self.max_keys:
+            _, number = self._marks.popitem(last=False)
+            self._forgotten = max(self._forgotten, number)
+
+    def since(self, key: str, mark: int) -> bool:
+        number = self._marks.get(key)
+        return number > mark if number is not None else self._forgotten > mark
+
 
 class DecisionLedger:
     def __init__(
@@ -50,6 +85,7 @@ class DecisionLedger:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, deque[tuple[float, LedgerEntry]]] = OrderedDict()
+        self._writes = WriteMarks(max_owners)
 
     def record(self, owner_uid: str, decision: str, placement: str | None, group: str = "") -> None:
         """Remember a decision that gave a placement, a PodMutation distribution group, or both."""
@@ -68,6 +104,20 @@ class DecisionLedger:
             else:
                 self._entries.move_to_end(owner_uid)
             queue.append((self._clock(), entry))
+            self._writes.write(owner_uid)
+
+    def written_since(self, pod: Mapping[str, Any] | None, mark: int) -> bool:
+        """Whether an entry was written, after ``mark``, under the key an admitted ``pod`` would be
+        recorded under (its controller): a decision over an older snapshot may not have counted it."""
+        owner = self._key(pod)
+        with self._lock:
+            return owner is not None and self._writes.since(owner, mark)
+
+    @staticmethod
+    def _key(pod: Mapping[str, Any] | None) -> str | None:
+        if not isinstance(pod, Mapping):
+            return None
+        return controller_of(metadata_of(pod)).uid or None
 
     def observe_admitted(self, pod: Mapping[str, Any] | None) -> bool:
         """Record the decision an admitted (patched) Pod carries; True if it carried one. Call it only

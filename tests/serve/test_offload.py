@@ -64,11 +64,13 @@ def secret_env(pod: dict[str, Any]) -> None:
 def test_the_child_answers_and_the_worker_records_as_in_process(
     body: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(offload, "_admission", Admission(Engine(CONFIG)))
+    monkeypatch.setattr(offload, "_webhook", offload.child_webhook(Engine(CONFIG)))
     here, there = Collect(), Collect()
     expected = webhook_with(here).handle("POST", "/mutate", body)
-    outcome = pickle.loads(pickle.dumps(offload.decide(body)))  # as it crosses from the child
-    got = webhook_with(there).recorded(*outcome)
+    outcome = pickle.loads(pickle.dumps(offload.decide("/mutate", body)))  # as it crosses from the child
+    status, reply, facts, decision, mark = outcome
+    assert mark is None  # no view: the decision read no snapshot
+    got = webhook_with(there).recorded(status, reply, facts, decision)
     assert (got.status, got.body) == (expected.status, expected.body)
     assert len(here.events) == len(there.events)
     for ours, theirs in zip(here.events, there.events, strict=True):
@@ -82,6 +84,8 @@ def test_the_child_answers_and_the_worker_records_as_in_process(
 
 
 def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(tmp_path: Any) -> None:
+    """Three 3 MiB reviews in flight at once, small ones sent one after another meanwhile: every
+    large one decided (mutated) within the apiserver's 5 s, the small ones answered throughout."""
     served = Served(tmp_path)
     big = large_review()
     small = (REVIEWS / "default-slice-inference.json").read_bytes()
@@ -97,7 +101,7 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
         results.append((reply.status, time.monotonic() - started))
 
     try:
-        threads = [threading.Thread(target=post_big) for _ in range(2)]
+        threads = [threading.Thread(target=post_big) for _ in range(3)]
         for thread in threads:
             thread.start()
         connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
@@ -117,14 +121,14 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
         # Events are written by the audit sender thread after the reply: give the last ones time
         # to reach stdout before the server is killed (a count, not a sleep: no slack hides a loss).
         deadline = time.monotonic() + 10
-        while len(events()) < 2 + small_answers and time.monotonic() < deadline:
+        while len(events()) < 3 + small_answers and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         served.kill()
-    assert [status for status, _ in results] == [200, 200]
+    assert [status for status, _ in results] == [200, 200, 200]
     assert all(took < 5 for _, took in results), results  # the apiserver's default timeout... ours
     assert small_answers >= 5  # the loop kept answering while the large reviews were decided
-    assert len(events()) == 2 + small_answers  # the large ones are recorded by the worker too
+    assert len(events()) == 3 + small_answers  # the large ones are recorded by the worker too
 
 
 @pytest.mark.parametrize(
@@ -215,7 +219,8 @@ def test_a_large_review_is_decided_over_the_workers_view_as_on_the_event_loop(
         for route in ("pm01", "pm06", "pm11", "unrouted"):  # affinity, a share, CAST AI's, none
             body = routed_large_review(route)
             expected = here.handle("POST", "/mutate", body)
-            status, reply, _facts, decision = there.submit(body).result(timeout=120)
+            status, reply, _facts, decision, mark = there.submit("/mutate", body).result(timeout=120)
+            assert mark is not None  # the snapshot read was marked
             assert (status, json.loads(reply)) == (expected.status, json.loads(expected.body)), route
             assert decision is not None and decision.outcome == "mutated", decision
             if route != "unrouted":
@@ -237,9 +242,135 @@ def test_an_offloaded_decision_feeds_the_workers_ledger() -> None:
     view = podmutation_view(castai=True)
     there = offload.LargeReviews(CONFIGS["podmutations-spot"], cluster=lambda: view)
     try:
-        _status, _reply, _facts, decision = there.submit(routed_large_review("pm06")).result(timeout=120)
+        outcome = there.submit("/mutate", routed_large_review("pm06")).result(timeout=120)
+        decision = outcome[3]
     finally:
         there.close()
     assert decision is not None and set(decision.mutated_pod) == {"metadata"}
     ledger = DecisionLedger()
     assert ledger.observe_admitted(decision.mutated_pod)
+
+
+# -- a large review's decision, checked when it is recorded ----------------------------------------
+class Written:
+    """A ledger that says, for each check in turn, whether its key was written since the mark."""
+
+    def __init__(self, *answers: bool) -> None:
+        self.answers = list(answers)
+        self.asked: list[int] = []
+
+    def written_since(self, pod: Any, mark: int) -> bool:
+        self.asked.append(mark)
+        return self.answers.pop(0)
+
+
+class Scripted(offload.LargeReviews):
+    """LargeReviews whose child is a script: each submit gets the next prepared outcome (a future
+    never resolved for None)."""
+
+    def __init__(
+        self, outcomes: list[offload.Outcome | None], ledgers: tuple[Any, ...], seconds: float
+    ) -> None:
+        super().__init__(CONFIG, None, ledgers, seconds)
+        self.outcomes = outcomes
+        self.submitted = 0
+
+    def submit(self, path: str, body: bytes) -> Any:
+        from concurrent.futures import Future
+
+        self.submitted += 1
+        future: Future[offload.Outcome] = Future()
+        outcome = self.outcomes.pop(0)
+        if outcome is not None:
+            future.set_result(outcome)
+        return future
+
+
+def decided_in_child(body: bytes, mark: int | None) -> offload.Outcome:
+    here = Collect()
+    webhook = webhook_with(here)
+    captured = offload._Captured()
+    webhook.admission.recorder = captured
+    reply = webhook.handle("POST", "/mutate", body)
+    assert captured.last is not None
+    return reply.status, reply.body, *captured.last, mark
+
+
+def test_a_large_decision_whose_ledger_key_was_written_meanwhile_is_decided_again() -> None:
+    """Recorded as if it had held a decision turn: a decision over a snapshot older than a write
+    under its own key (its lease, its owner) may not have counted that entry, so the child decides
+    the review again, and only a decision no write came after is recorded."""
+    import asyncio
+
+    body = (REVIEWS / "default-slice-inference.json").read_bytes()
+    written = Written(True, False)
+    there = Collect()
+    scripted = Scripted([decided_in_child(body, 7), decided_in_child(body, 9)], (written,), 30)
+    reply = asyncio.run(scripted.answer(webhook_with(there), "/mutate", body))
+    assert scripted.submitted == 2 and written.asked == [7, 9]
+    assert reply.status == 200 and json.loads(reply.body)["response"]["patch"]
+    assert [event.get_data()["outcome"] for event in there.events] == ["mutated"]  # recorded once
+
+
+def test_a_large_decision_that_writes_no_ledger_entry_is_not_checked() -> None:
+    """A dry run (or any decision that is no mutation sent) charges nothing: nothing to check."""
+    import asyncio
+
+    body = (REVIEWS / "default-dry-run-probe.json").read_bytes()
+    written = Written()
+    scripted = Scripted([decided_in_child(body, 7)], (written,), 30)
+    reply = asyncio.run(scripted.answer(webhook_with(Collect()), "/mutate", body))
+    assert reply.status == 200 and scripted.submitted == 1 and written.asked == []
+
+
+@pytest.mark.parametrize("on_internal_error", ["admit", "deny"])
+def test_a_large_review_not_decided_in_time_is_answered_per_on_internal_error(on_internal_error: str) -> None:
+    """Before the apiserver's timeout, whatever the child is doing: admitted unchanged with a
+    warning (or denied, saying why), recorded as an error, never left to failurePolicy."""
+    import asyncio
+
+    config = parse_config({"onInternalError": on_internal_error})
+    body = (REVIEWS / "default-slice-inference.json").read_bytes()
+    there = Collect()
+    recorder = AuditRecorder(config.audit, "sha256:test", AuditMetrics("test"), there)  # type: ignore[arg-type]
+    webhook = WebhookHttp(Admission(Engine(config), recorder))
+    scripted = Scripted([None], (), 0.3)
+    started = time.monotonic()
+    reply = asyncio.run(scripted.answer(webhook, "/mutate", body))
+    assert time.monotonic() - started < 3
+    response = json.loads(reply.body)["response"]
+    assert reply.status == 200 and "patch" not in response
+    assert response["allowed"] is (on_internal_error == "admit")
+    said = response["warnings"][0] if on_internal_error == "admit" else response["status"]["message"]
+    assert "not decided within 0.3 s" in said
+    assert [event.get_data()["outcome"] for event in there.events] == ["error"]
+
+
+def test_the_ledgers_know_which_keys_were_written_after_a_mark_even_once_the_entry_left() -> None:
+    from function.core.mutators.gpu_leases import LedgerCharge
+    from function.serve.lease_ledger import LeaseLedger
+    from function.serve.spot_ledger import DecisionLedger, ledger_mark
+
+    def charged(lease: str) -> dict[str, Any]:
+        from function.core.leases import CHARGE_ANNOTATION, DECISION_ANNOTATION, LEASE_LABEL
+
+        annotations = {DECISION_ANNOTATION: f"uid-{lease}", CHARGE_ANNOTATION: "1"}
+        return {"metadata": {"namespace": "ml", "labels": {LEASE_LABEL: lease}, "annotations": annotations}}
+
+    leases = LeaseLedger()
+    before = ledger_mark()
+    leases.record("ml/a100", LedgerCharge("uid-a100", 1, "charged"))  # type: ignore[arg-type]
+    after = ledger_mark()
+    assert leases.written_since(charged("a100"), before)
+    assert not leases.written_since(charged("a100"), after)
+    assert not leases.written_since(charged("h100"), before)  # another lease: no conflict
+    leases.forget("uid-a100")  # the view shows the Pod now; the write still came after the mark
+    assert leases.written_since(charged("a100"), before)
+    assert not leases.written_since({"metadata": {}}, before)  # charges nothing: nothing to check
+
+    owners = DecisionLedger()
+    mark = ledger_mark()
+    pod = {"metadata": {"ownerReferences": [{"controller": True, "uid": "rs-1", "kind": "ReplicaSet"}]}}
+    assert not owners.written_since(pod, mark)
+    owners.record("rs-1", "decision-1", "spot")
+    assert owners.written_since(pod, mark)

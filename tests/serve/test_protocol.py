@@ -379,6 +379,7 @@ def test_the_http_doc_documents_the_values_in_force() -> None:
         "SHUTDOWN_DRAIN_SECONDS": f"{contract.SHUTDOWN_DRAIN_SECONDS:g} s",
         "SHUTDOWN_LINGER_SECONDS": f"{contract.SHUTDOWN_LINGER_SECONDS:g} s",
         "LARGE_BODY_BYTES": f"{contract.LARGE_BODY_BYTES // 1024} KiB",
+        "LARGE_REVIEW_SECONDS": f"{contract.LARGE_REVIEW_SECONDS:g} s",
         "MAX_JSON_DEPTH": f"{contract.MAX_JSON_DEPTH} levels",
         "MAX_QUOTED_CHARS": f"{contract.MAX_QUOTED_CHARS}",
     }
