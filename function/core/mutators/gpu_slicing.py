@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -45,7 +45,6 @@ from function.core.mutators.base import InvalidAnnotation, MutatorResult, Reques
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.core.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.core.pod import (
-    CONTAINER_LISTS,
     Pod,
     annotations_of,
     container_label,
@@ -244,7 +243,10 @@ class GpuSlicing:
                 return MutatorResult.denied(f"castslice: {bad.message}")
             return MutatorResult.unchanged(bad.message, bad.warning)
 
-        conflict = self._vgpu_conflict(pod)
+        # Every container's resources read once for this run: the vGPU conflict, who asks for
+        # the source resource and how many, read by every step below.
+        scan = self._scan(pod)
+        conflict = scan.conflict
         if conflict:
             where, resource = conflict
             if self.on_invalid is OnInvalidAnnotation.deny:
@@ -260,14 +262,16 @@ class GpuSlicing:
                 ),
             )
 
-        refused = self._shrinks(pod, slices, origin, warnings)
+        refused = self._shrinks(pod, scan, slices, origin, warnings)
         if refused is not None:
             return refused
         if self.dra is not None:
-            return self._claim(pod, slices, origin, warnings, ctx)
-        return self._extended(pod, slices, origin, warnings)
+            return self._claim(pod, scan.only(CLAIMING_LISTS), slices, origin, warnings, ctx)
+        return self._extended(pod, scan, slices, origin, warnings)
 
-    def _shrinks(self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...]) -> MutatorResult | None:
+    def _shrinks(
+        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...]
+    ) -> MutatorResult | None:
         """Not sliced, when a preset (or the default) gives a container fewer slices than the GPUs
         it asks for: a policy for the common case must not quietly turn a multi-GPU job (tensor
         parallel, say) into fewer shares than the devices it needs. An explicit slice-ratio is the
@@ -275,8 +279,7 @@ class GpuSlicing:
         if origin.startswith(SLICE_RATIO):
             return None
         source = self.config.sourceResource
-        for label, container in self._asking(pod)[0]:
-            count = _count(container, source)
+        for _, label, _, count in scan.asking:
             if count is not None and count > slices:
                 return MutatorResult.unchanged(
                     f"opted in, but {label} asks for {source}: {count} and the {origin} gives {slices} "
@@ -290,11 +293,11 @@ class GpuSlicing:
                 )
         return None
 
-    def _asked(self, asking: list[tuple[str, dict[str, Any]]], slices: int) -> tuple[str, str, list[str]]:
+    def _asked(self, asking: list[Asking], slices: int) -> tuple[str, str, list[str]]:
         """What the slicing containers asked for: the record (``ORIGINAL_REQUEST``), the words for
         the reason (a count other than one is named) and the warnings for counts above ``slices``."""
         source, target = self.config.sourceResource, self.config.targetResource
-        counts = [(label, _count(container, source)) for label, container in asking]
+        counts = [(label, count) for _, label, _, count in asking]
         record = "; ".join(f"{label}: {source}={_text(count)}" for label, count in counts)
         where = ", ".join(
             label if count == 1 else f"{label} (asked {_text(count)} {source})" for label, count in counts
@@ -313,34 +316,45 @@ class GpuSlicing:
         """Every container's request of the source resource, for messages: what the Pod asked."""
         source = self.config.sourceResource
         asked = [
-            f"{container_label(kind, index, container)}: {source}={_text(_count(container, source))}"
+            f"{container_label(kind, index, container)}: {source}={_text(_count(quantities))}"
             for kind, index, container in iter_containers(pod)
-            if any(source in section for _, section in resource_sections(container))
+            if (quantities := _quantities(container, source))
         ]
         return "asked: " + ("; ".join(asked) or f"no {source}")
 
-    def _asking(
-        self, pod: Pod, kinds: tuple[str, ...] = CONTAINER_LISTS
-    ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-        """(label, container) of every container asking for the source resource, and the labels of
-        those asking for 0 of it (nvidia.com/gpu: 0, common in templated charts: no GPU, no slice)."""
-        source = self.config.sourceResource
-        asking, zero = [], []
-        for kind, index, container in iter_containers(pod, kinds):
-            asked = [section[source] for _, section in resource_sections(container) if source in section]
+    def _scan(self, pod: Pod) -> Scan:
+        """One walk of every container's resources: the containers asking for the source resource
+        (with their counts), those asking for 0 of it (nvidia.com/gpu: 0, common in templated
+        charts: no GPU, no slice), and the first asking for a vGPU resource."""
+        source, vgpu = self.config.sourceResource, self.vgpu_resources
+        asking: list[Asking] = []
+        zero: list[tuple[str, str]] = []
+        conflict: tuple[str, str] | None = None
+        for kind, index, container in iter_containers(pod):
+            sections = resource_sections(container)
+            if not sections:
+                continue
+            if vgpu and conflict is None:
+                found = next((name for _, section in sections for name in section if name in vgpu), None)
+                if found is not None:
+                    conflict = (container_label(kind, index, container), found)
+            asked = [section[source] for _, section in sections if source in section]  # _quantities
             if not asked:
                 continue
+            label = container_label(kind, index, container)
             if all(_is_zero(quantity) for quantity in asked):
-                zero.append(container_label(kind, index, container))
+                zero.append((kind, label))
             else:
-                asking.append((container_label(kind, index, container), container))
-        return asking, zero
+                asking.append(Asking(kind, label, container, _count(asked)))
+        return Scan(asking, zero, conflict)
 
-    def _extended(self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...]) -> MutatorResult:
+    def _extended(
+        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...]
+    ) -> MutatorResult:
         source, target = self.config.sourceResource, self.config.targetResource
-        asking, zero = self._asking(pod)
+        asking, zero = scan.asking, [label for _, label in scan.zero]
         record, sliced, fewer = self._asked(asking, slices)
-        for _, container in asking:
+        for _, _, container, _ in asking:
             for _, section in resource_sections(container):
                 section.pop(source, None)
             set_resource(container, target, str(slices))
@@ -353,7 +367,7 @@ class GpuSlicing:
         )
 
     def _claim(
-        self, pod: Pod, slices: int, origin: str, warnings: tuple[str, ...], ctx: RequestContext
+        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...], ctx: RequestContext
     ) -> MutatorResult:
         """The dra backend: the GPU request goes, one Pod-level claim from the template of
         ``slices`` comes, and every container that asked for a GPU references it. Ephemeral
@@ -361,12 +375,14 @@ class GpuSlicing:
         dra = self.dra
         assert dra is not None
         source = self.config.sourceResource
-        asking, zero = self._asking(pod, CLAIMING_LISTS)
+        asking, zero = scan.asking, [label for _, label in scan.zero]
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not asking:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
         spec = pod["spec"]  # a dict: containers were found in it
-        problem = _claims_problem(spec, asking, dra.claimName)
+        problem = _claims_problem(
+            spec, [(label, container) for _, label, container, _ in asking], dra.claimName
+        )
         if problem:
             if self.on_invalid is OnInvalidAnnotation.deny:
                 return MutatorResult.denied(
@@ -389,7 +405,7 @@ class GpuSlicing:
                 ),
             )
         record, sliced, fewer = self._asked(asking, slices)
-        for _, container in asking:
+        for _, _, container, _ in asking:
             resources = ensure_map(container, "resources")
             for name, section in resource_sections(container):
                 section.pop(source, None)
@@ -439,32 +455,23 @@ class GpuSlicing:
         )
         return missing, "; template missing"
 
-    def _vgpu_conflict(self, pod: Pod) -> tuple[str, str] | None:
-        """The first container asking for a vGPU resource, and that resource, if any."""
-        if not self.vgpu_resources:
-            return None
-        for kind, index, container in iter_containers(pod):
-            for _, section in resource_sections(container):
-                for resource in section:
-                    if resource in self.vgpu_resources:
-                        return container_label(kind, index, container), resource
-        return None
-
 
 MAX_COUNT = 1_000_000
 """Above this a GPU count is shown as ``?`` (no node has that many; the apiserver judges it)."""
 
 
-def _count(container: dict[str, Any], source: str) -> int | None:
-    """The whole number of devices a container asks (the larger of limit and request), None if
-    unreadable (the apiserver judges a malformed quantity itself)."""
-    counts = []
-    for _, section in resource_sections(container):
-        if source in section:
-            try:
-                counts.append(parse_quantity(section[source]))
-            except QuantityError:
-                return None
+def _quantities(container: dict[str, Any], source: str) -> list[Any]:
+    """The container's limit and request of ``source``, as written."""
+    return [section[source] for _, section in resource_sections(container) if source in section]
+
+
+def _count(asked: list[Any]) -> int | None:
+    """The whole number of devices a container asks (the larger of limit and request, ``asked``),
+    None if unreadable (the apiserver judges a malformed quantity itself)."""
+    try:
+        counts = [parse_quantity(quantity) for quantity in asked]
+    except QuantityError:
+        return None
     if not counts:
         return None
     largest = max(counts)
@@ -496,6 +503,33 @@ def _record(pod: Pod, original: str) -> bool:
 
 CLAIMING_LISTS = ("initContainers", "containers")
 """The containers that may reference a claim (the apiserver gives ephemeral ones no resources)."""
+
+
+class Asking(NamedTuple):
+    """A container asking for the source resource: its list, its label, itself, its count (``_count``)."""
+
+    kind: str
+    label: str
+    container: dict[str, Any]
+    gpus: int | None
+
+
+class Scan(NamedTuple):
+    """What one walk of a Pod's containers found (``GpuSlicing._scan``)."""
+
+    asking: list[Asking]
+    zero: list[tuple[str, str]]
+    """(list, label) of the containers asking for 0 of the source resource."""
+    conflict: tuple[str, str] | None
+    """(label, resource) of the first container asking for a vGPU resource."""
+
+    def only(self, kinds: tuple[str, ...]) -> Scan:
+        """The same, for the containers of ``kinds`` only."""
+        return Scan(
+            [found for found in self.asking if found.kind in kinds],
+            [found for found in self.zero if found[0] in kinds],
+            self.conflict,
+        )
 
 
 def _claims_problem(spec: dict[str, Any], asking: list[tuple[str, dict[str, Any]]], name: str) -> str:
