@@ -56,6 +56,7 @@ def request_context(review: AdmissionReview, cluster: ClusterView = EMPTY_VIEW) 
         username=request.userInfo.username or "",
         groups=tuple(request.userInfo.groups or ()),
         cluster=cluster,
+        pod_from_json=True,  # parse_review reads the body with orjson
     )
 
 

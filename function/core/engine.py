@@ -185,7 +185,7 @@ class Engine:
             return FixedPoint(pod, (), None)
         # One copy per review, which the mutators edit in place one after another (see
         # WorkingCopy); the original is never handed out.
-        working = WorkingCopy(pod)
+        working = WorkingCopy(pod, from_json=request.pod_from_json)
         decisions: dict[str, MutatorDecision] = {}
         for _ in range(MAX_PASSES):
             changed_in_pass = False
@@ -217,7 +217,7 @@ class Engine:
         what it would do is recorded (``shadow=True``); its changes and denials go nowhere."""
         decisions = []
         for mutator in self.shadow:
-            working = WorkingCopy(pod)
+            working = WorkingCopy(pod, from_json=request.pod_from_json)
             result = mutator.mutate(working.pod, request)
             _check_honest(mutator, result, working.settle())
             decisions.append(

@@ -377,14 +377,17 @@ class WorkingCopy:
     changed: bool
     """Whether any mutator changed the Pod since the copy was made."""
 
-    def __init__(self, original: Pod) -> None:
+    def __init__(self, original: Pod, from_json: bool = False) -> None:
+        """``from_json``: ``original`` was read from JSON (orjson reads no NaN, no tuple, no
+        integer beyond 64 bits), so its copy reads back the same without comparing the two (a
+        walk of the whole Pod, 3 MiB for the largest reviews)."""
         self.changed = False
         data = exact_json(original)
         if data is not None:
             copy = orjson.loads(data)
             # orjson writes NaN and the infinities as null and a tuple as a list, which reads back
             # as something else: the copy is used only when Python's == finds nothing of the kind.
-            if copy == original:
+            if from_json or copy == original:
                 self.pod, self.json, self._saved = copy, data, None
                 return
         self.pod = copy_json(original)  # marshal keeps every type, or refuses (an internal error)

@@ -35,6 +35,9 @@ class RequestContext:
     groups: tuple[str, ...] = ()
     cluster: ClusterView = field(default=EMPTY_VIEW, compare=False, repr=False)
     """One immutable snapshot of the cluster for the whole review (EMPTY_VIEW: none at all)."""
+    pod_from_json: bool = field(default=False, compare=False, repr=False)
+    """The Pod was read from JSON (an AdmissionReview's object): it holds nothing JSON cannot
+    write, so the engine's own copy of it needs no check that it reads back the same."""
 
 
 @dataclass(frozen=True)
