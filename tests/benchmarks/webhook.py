@@ -5,9 +5,14 @@ so the figures that matter are ratios. Mutating and non-mutating reviews are mea
 Not a test (pytest does not collect it, and nothing here asserts a time): run it by hand.
 
     python tests/benchmarks/webhook.py                 # in-process cost, then the three servers under wrk
-    python tests/benchmarks/webhook.py --large         # plus: small reviews while six 3 MiB are in flight
+    python tests/benchmarks/webhook.py --large         # plus: small reviews while three 3 MiB are in flight
     python tests/benchmarks/webhook.py --sink hanging  # CastSlice's audit events to a broker never answering
     python tests/benchmarks/webhook.py --ceiling       # plus: CastSlice with its engine's decision made free
+    python tests/benchmarks/webhook.py --before DIR    # in-process cost of another checkout, alternating
+
+Beside the Python servers runs the Go floor (tests/benchmarks/gofloor/main.go: Go's standard
+library decoding the review and its Pod and allowing it, GOMAXPROCS=1), built with `go` when it is
+installed; without it that row is left out.
 
 Each server is pinned to CPU 0 and wrk to CPU 1 when the machine has two or more cores (as in
 REFERENCE.md's floor figures), one worker each. Loopback only; every run is bounded in time.
@@ -41,7 +46,9 @@ TARGETS = {
     "castslice": None,
     "naive": "functions-framework --source tests/benchmarks/targets.py --target naive --port $PORT",
     "floor": "functions-framework --source tests/benchmarks/targets.py --target floor --asgi --port $PORT",
+    "go-floor": None,  # built by go_floor()
 }
+GO_FLOOR = Path(__file__).resolve().parent / "gofloor" / "main.go"
 BODIES = {
     "mutating": REVIEWS / "default-slice-inference.json",
     "non-mutating": REVIEWS / "default-not-opted-in.json",
@@ -204,6 +211,73 @@ def run_wrk(port: int, connections: int, seconds: int, script: Path, pin: list[s
     return parse_wrk(done.stdout)
 
 
+def go_floor(directory: str) -> str | None:
+    """The Go floor's binary, built into ``directory``; None without a Go toolchain."""
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        print("go not found: the Go floor is left out", file=sys.stderr)
+        return None
+    binary = str(Path(directory) / "gofloor")
+    env = {**os.environ, "GOCACHE": str(Path(directory) / "gocache")}
+    subprocess.run([go, "build", "-o", binary, str(GO_FLOOR)], check=True, env=env, cwd=directory)
+    return binary
+
+
+IN_PROCESS = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from function.serve.app import build_webhook
+webhook = build_webhook(environ={})
+webhook.admission.recorder.sender.submit = lambda event: None
+figures = {}
+for kind, path in json.loads(sys.argv[2]).items():
+    body = open(path, "rb").read()
+    for _ in range(300):
+        webhook.handle("POST", "/mutate", body)
+    batches = []
+    for _ in range(7):
+        started = time.process_time()
+        for _ in range(500):
+            webhook.handle("POST", "/mutate", body)
+        batches.append((time.process_time() - started) / 500 * 1e6)
+    figures[kind] = min(batches)
+print(json.dumps(figures))
+"""
+
+
+def in_process_of(checkout: Path) -> dict[str, float]:
+    """``in_process`` for the code of another checkout (its own function/ package, this run's
+    review bodies), in a process of its own."""
+    import json
+
+    bodies = json.dumps({kind: str(path) for kind, path in BODIES.items()})
+    done = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, str(checkout), bodies],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+    )
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def compare_in_process(before: Path, rounds: int) -> None:
+    """In-process cost of ``before`` and of this checkout, alternating, best of ``rounds`` each,
+    with the load average they ran under."""
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "this": []}
+    loads = []
+    for _ in range(rounds):
+        runs["before"].append(in_process_of(before))
+        runs["this"].append(in_process_of(ROOT))
+        loads.append(os.getloadavg()[0])
+    print(f"in-process, best of {rounds} alternating runs (load average {min(loads):.1f}-{max(loads):.1f}):")
+    for name, label in (("before", str(before)), ("this", str(ROOT))):
+        best = {kind: min(run[kind] for run in runs[name]) for kind in BODIES}
+        print(f"  {label}: " + ", ".join(f"{kind} {micros:.0f} us" for kind, micros in best.items()))
+
+
 def in_process() -> dict[str, float]:
     """Microseconds of CPU per review through WebhookHttp (parse, engine, proof, rules, audit
     event built; its delivery dropped), best of 7 batches."""
@@ -228,10 +302,16 @@ def in_process() -> dict[str, float]:
     return figures
 
 
-def serve(target: str, env: dict[str, str], pin: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+def serve(
+    target: str, env: dict[str, str], pin: list[str], binary: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    template = TARGETS.get(target) or procfile_command()
-    command = shlex.split(template.replace("$PORT", str(port)))
+    if binary is not None:  # the Go floor: one OS thread running Go code, as one Python worker
+        command = [binary]
+        env = {**env, "PORT": str(port), "GOMAXPROCS": "1"}
+    else:
+        template = TARGETS.get(target) or procfile_command()
+        command = shlex.split(template.replace("$PORT", str(port)))
     server = subprocess.Popen(
         [*pin, *command],
         cwd=ROOT,
@@ -254,7 +334,7 @@ def stop(server: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def large_reviews(port: int, in_flight: int = 6) -> dict[str, float]:
+def large_reviews(port: int, in_flight: int = 3) -> dict[str, float]:
     """Small mutating reviews, one after another on a kept-alive connection, while ``in_flight``
     3 MiB reviews are in flight: their p50/p99, and how long the large ones took."""
     import http.client
@@ -327,8 +407,17 @@ def main() -> int:
         action="store_true",
         help="also serve CastSlice with its engine's decision made free (replayed per Pod)",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (say, a worktree of an older commit) whose in-process cost is measured "
+        "beside this one's, alternating (default: none)",
+    )
+    parser.add_argument("--in-process-rounds", type=int, default=5, help="rounds of --before (default: 5)")
     args = parser.parse_args()
     targets = [*TARGETS, "ceiling"] if args.ceiling else list(TARGETS)
+    if args.before is not None:
+        compare_in_process(args.before.resolve(), args.in_process_rounds)
 
     if not shutil.which("wrk"):
         print("wrk not found: apt-get install wrk", file=sys.stderr)
@@ -352,6 +441,9 @@ def main() -> int:
     bad = 0
     ceiling_dir = tempfile.TemporaryDirectory()
     (Path(ceiling_dir.name) / "sitecustomize.py").write_text(CEILING_SITECUSTOMIZE)
+    go_binary = go_floor(ceiling_dir.name)
+    if go_binary is None:
+        targets.remove("go-floor")
     try:
         for target in targets:
             env = dict(base_env)
@@ -359,7 +451,7 @@ def main() -> int:
                 env["K_SINK"] = sink_url
             if target == "ceiling":
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [ceiling_dir.name, env.get("PYTHONPATH")]))
-            servers[target] = serve(target, env, server_pin)
+            servers[target] = serve(target, env, server_pin, go_binary if target == "go-floor" else None)
         for server, port in servers.values():
             wait_ready(port, server, BODIES["mutating"].read_bytes())
         with tempfile.TemporaryDirectory() as tmp:
@@ -410,11 +502,16 @@ def main() -> int:
             to_floor = statistics.median(
                 r[target, kind]["rps"] / (r["floor", kind]["rps"] or 1) for r in rounds
             )
-            print(f"{kind}: {labels[target]} = {to_naive:.2f} x naive, {to_floor:.2f} x floor")
+            to_go = ""
+            if "go-floor" in targets:
+                go = [r[target, kind]["rps"] / (r["go-floor", kind]["rps"] or 1) for r in rounds]
+                ratio = statistics.median(go)
+                to_go = f", {ratio:.2f} x Go floor"
+            print(f"{kind}: {labels[target]} = {to_naive:.2f} x naive, {to_floor:.2f} x floor{to_go}")
     if large is not None:
         small = f"{int(large['small_n'])} small reviews, p50 {large['small_p50']:.2f} ms"
         print(
-            f"six 3 MiB reviews in flight: {small}, p99 {large['small_p99']:.2f} ms; "
+            f"three 3 MiB reviews in flight: {small}, p99 {large['small_p99']:.2f} ms; "
             f"slowest 3 MiB review {large['large_max_s']:.2f} s "
             f"(small reviews alone: p99 {large['idle_p99']:.2f} ms)"
         )

@@ -772,3 +772,102 @@ def test_queue_mode_is_never_over(
     )
     overs = run_rounds(leases, QUEUE, "qb", 3, record_property, queue=True)
     assert overs == [0, 0, 0]
+
+
+# -- a burst of small and large Pods at once: the large-review process within the bound ------------
+SMALL_PODS, LARGE_PODS = 50, 40
+LARGE_POD_BYTES = 1_200_000
+"""Over LARGE_BODY_BYTES, so each review is decided in the large-review process; under etcd's
+default request limit (1.5 MiB), which the Deployment and ReplicaSet holding the template meet too."""
+
+
+def padded(manifest: dict[str, Any], size: int) -> dict[str, Any]:
+    """``manifest`` (a Deployment) with its Pods made ``size`` bytes larger: environment variables,
+    which no rule of the lease or the apiserver limits in number."""
+    chunk = "x" * 9_000
+    env = [{"name": f"PAD_{n}", "value": chunk} for n in range(size // len(chunk))]
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = env
+    return manifest
+
+
+def run_mixed_rounds(
+    state: dict[str, Any],
+    namespace: str,
+    team: str,
+    rounds: int,
+    record: Callable[[str, object], None],
+    queue: bool = False,
+) -> list[int]:
+    """Rounds of SMALL_PODS small and LARGE_PODS large Pods of one lease scaled up at once; each
+    round's count over the lease's 8 (charged, or in Queue mode ungated), once the ReplicaSets tried
+    them all."""
+    apps, core = state["apps"], state["core"]
+    small, large = f"{team}-small", f"{team}-large"
+    apps.create_namespaced_deployment(namespace, deployment(small, team, 0))
+    apps.create_namespaced_deployment(namespace, padded(deployment(large, team, 0), LARGE_POD_BYTES))
+    overs = []
+    for round_number in range(rounds):
+        for name, replicas in ((large, LARGE_PODS), (small, SMALL_PODS)):
+            apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+
+        def settled() -> bool:
+            tried = 0
+            for name, replicas in ((large, LARGE_PODS), (small, SMALL_PODS)):
+                sets = apps.list_namespaced_replica_set(namespace, label_selector=f"app={name}").items
+                tried += any(
+                    (rs.status.replicas or 0) >= replicas or (rs.status.conditions or []) for rs in sets
+                )
+            return tried == 2
+
+        eventually(settled, 120, "the ReplicaSets tried every Pod")
+        time.sleep(3.0)  # refused Pods are retried with backoff: let them try again
+        pods = [p for p in core.list_namespaced_pod(namespace, label_selector=f"team={team}").items]
+        live = [p for p in pods if not p.metadata.deletion_timestamp]
+        if queue:
+            admitted = sum(1 for p in live if not p.spec.scheduling_gates)
+        else:
+            admitted = sum(
+                1 for p in live if (p.metadata.labels or {}).get("castops.io/gpu-lease-state") == "charged"
+            )
+        large_admitted = sum(1 for p in live if p.metadata.labels.get("app") == large) if not queue else None
+        over = max(admitted - 8, 0)
+        overs.append(over)
+        record(f"mixed round {round_number + 1}", {"admitted": admitted, "over": over, "pods": len(live)})
+        print(
+            f"mixed round {round_number + 1}: {len(live)} Pods, {admitted} "
+            f"{'ungated' if queue else 'charged'} of a lease of 8 (large Pods stored: {large_admitted}), "
+            f"over {over}"
+        )
+        for name in (small, large):
+            apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
+        eventually(
+            lambda: not core.list_namespaced_pod(namespace, label_selector=f"team={team}").items,
+            120,
+            "the round's Pods gone",
+        )
+        time.sleep(2.0)  # both serving processes' views see the Pods gone
+    for name in (small, large):
+        apps.delete_namespaced_deployment(name, namespace)
+    return overs
+
+
+def test_small_and_large_pods_at_once_against_two_serving_processes_stay_within_the_bound(
+    leases: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    """Reviews over 256 KiB are decided in each process's large-review process; recorded as if
+    they held the process's decision turn, each process stays exact for itself, so two stay within
+    (R - 1) x count, as with small Pods alone."""
+    create_lease(leases, TWO, "mixed", count=8, podSelector={"matchLabels": {"team": "mixed"}})
+    overs = run_mixed_rounds(leases, TWO, "mixed", 3, record_property)
+    assert max(overs) <= (2 - 1) * 8, overs
+    print(f"mixed bursts, over-admission per round: {overs}")
+
+
+def test_small_and_large_pods_at_once_in_queue_mode_are_never_over(
+    leases: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    create_lease(
+        leases, QUEUE, "mixed", count=8, enforcement="Queue", podSelector={"matchLabels": {"team": "mq"}}
+    )
+    overs = run_mixed_rounds(leases, QUEUE, "mq", 2, record_property, queue=True)
+    assert overs == [0, 0], overs
