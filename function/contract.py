@@ -31,10 +31,10 @@ LARGE_BODY_BYTES: Final = 256 * 1024
 """Reviews with a larger body are decided in a separate process, off the event loop
 (function/serve/offload.py)."""
 LARGE_REVIEW_SECONDS: Final = 3.5
-"""A large review not decided this long after it arrived is answered as undecided, per
-onInternalError (admitted unchanged with a warning, or denied saying why): below the shipped
-registrations' 5 s timeout, so the apiserver gets the webhook's own answer, recorded and audited,
-rather than applying failurePolicy to a call that timed out."""
+"""A large review not decided this long after it arrived is refused, saying why and to create the
+Pod again (``Engine.undecided``): below the shipped registrations' 5 s timeout, so the apiserver
+gets the webhook's own answer, recorded and audited, rather than applying failurePolicy (which
+would admit the Pod past every policy) to a call that timed out."""
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Request line plus headers; more gets 431 and the connection closed. The apiserver sends < 1 KiB."""
 HEADER_READ_SECONDS: Final = 5.0

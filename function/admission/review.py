@@ -127,7 +127,7 @@ class Admission:
 
     def undecided(self, review: AdmissionReview, why: str) -> Answer:
         """The answer to a review the serving process could not decide in time (``why``), recorded
-        as any other: per onInternalError, as an internal error is (``Engine.undecided``)."""
+        as any other: refused, saying why (``Engine.undecided``)."""
         request = review.request
         if not request.is_pod_create():
             return self.review(review)  # nothing to decide: allowed at once

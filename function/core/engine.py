@@ -244,9 +244,13 @@ class Engine:
         return self._failed(summary, f"{summary}: {error}", request)
 
     def undecided(self, why: str, request: RequestContext) -> Decision:
-        """The decision for a review the serving process could not decide in time (``why``): as an
-        internal error, per onInternalError, the reason said to the user."""
-        return self._failed(why, why, request)
+        """The decision for a review the serving process could not decide in time (``why``): refused,
+        whatever onInternalError says, with the reason and what to do. Admitted, it would skip every
+        policy (and charge no lease) for exactly the Pods that arrive when the webhook is busiest;
+        refused, it is created again (a controller retries with backoff, a user reruns the command)
+        and decided then."""
+        message = f"castslice: {why} (request uid {request.uid}); the webhook is busy: create the Pod again"
+        return Decision("error", False, why, denial=message)
 
     def _failed(self, summary: str, reason: str, request: RequestContext) -> Decision:
         if self.config.onInternalError is OnInternalError.deny:

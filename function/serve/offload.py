@@ -32,8 +32,8 @@ review's decision is checked when it is recorded, on the event loop: the snapsho
 goes to (its lease, its owner), the decision may not have counted that entry, and the child
 decides the review again over a fresh snapshot. So a large review is recorded as if it had held
 a turn. A review not decided within LARGE_REVIEW_SECONDS of its arrival (the queue, a slow
-machine, a ledger that kept changing) is answered as undecided (``WebhookHttp.undecided``: per
-onInternalError) before the apiserver's timeout, not left to its failurePolicy.
+machine, a ledger that kept changing) is refused, saying why and to create the Pod again
+(``WebhookHttp.undecided``), before the apiserver's timeout, not left to its failurePolicy.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("CASTSLICE_IMAGE", "").strip()
 REQUIRED = os.environ.get("CASTSLICE_IMAGE_REQUIRED") == "1"
 REVIEW = "default-slice-inference"
-GRACE_SECONDS = 15  # terminationGracePeriodSeconds of knative/overlays/deployment
+GRACE_SECONDS = 15  # with no client holding a connection, well within the overlays' grace period (135 s)
 
 pytestmark = pytest.mark.skipif(
     not IMAGE and not REQUIRED,

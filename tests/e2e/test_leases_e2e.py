@@ -829,14 +829,19 @@ def run_mixed_rounds(
             admitted = sum(
                 1 for p in live if (p.metadata.labels or {}).get("castops.io/gpu-lease-state") == "charged"
             )
-        large_admitted = sum(1 for p in live if p.metadata.labels.get("app") == large) if not queue else None
+        large_stored = sum(1 for p in live if (p.metadata.labels or {}).get("app") == large)
+        refusals = {
+            condition.message
+            for rs in apps.list_namespaced_replica_set(namespace, label_selector=f"app={large}").items
+            for condition in rs.status.conditions or []
+        }
         over = max(admitted - 8, 0)
         overs.append(over)
         record(f"mixed round {round_number + 1}", {"admitted": admitted, "over": over, "pods": len(live)})
         print(
-            f"mixed round {round_number + 1}: {len(live)} Pods, {admitted} "
-            f"{'ungated' if queue else 'charged'} of a lease of 8 (large Pods stored: {large_admitted}), "
-            f"over {over}"
+            f"mixed round {round_number + 1}: {len(live)} Pods ({large_stored} large), {admitted} "
+            f"{'ungated' if queue else 'charged'} of a lease of 8, over {over}; large ReplicaSet: "
+            f"{sorted(refusals)[:2]}"
         )
         for name in (small, large):
             apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})

@@ -324,9 +324,10 @@ def test_a_large_decision_that_writes_no_ledger_entry_is_not_checked() -> None:
 
 
 @pytest.mark.parametrize("on_internal_error", ["admit", "deny"])
-def test_a_large_review_not_decided_in_time_is_answered_per_on_internal_error(on_internal_error: str) -> None:
-    """Before the apiserver's timeout, whatever the child is doing: admitted unchanged with a
-    warning (or denied, saying why), recorded as an error, never left to failurePolicy."""
+def test_a_large_review_not_decided_in_time_is_refused_saying_why(on_internal_error: str) -> None:
+    """Before the apiserver's timeout, whatever the child is doing, and whatever onInternalError
+    says: refused with the reason and what to do, recorded as an error, never admitted past every
+    policy by failurePolicy."""
     import asyncio
 
     config = parse_config({"onInternalError": on_internal_error})
@@ -339,10 +340,9 @@ def test_a_large_review_not_decided_in_time_is_answered_per_on_internal_error(on
     reply = asyncio.run(scripted.answer(webhook, "/mutate", body))
     assert time.monotonic() - started < 3
     response = json.loads(reply.body)["response"]
-    assert reply.status == 200 and "patch" not in response
-    assert response["allowed"] is (on_internal_error == "admit")
-    said = response["warnings"][0] if on_internal_error == "admit" else response["status"]["message"]
-    assert "not decided within 0.3 s" in said
+    assert reply.status == 200 and response["allowed"] is False and "patch" not in response
+    message = response["status"]["message"]
+    assert "not decided within 0.3 s" in message and "create the Pod again" in message
     assert [event.get_data()["outcome"] for event in there.events] == ["error"]
 
 
