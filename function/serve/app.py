@@ -109,15 +109,22 @@ def build_webhook_and_recorder(
         unturned = with_lease_ledger(unturned, lease_ledger, None)
     admission = Admission(engine, decisions, cluster=cluster)
 
-    def ready() -> bool:
-        # Not ready until every watch an enabled mutator needs has listed once: a decision over a
-        # half-known cluster would be a guess. Not ready either once draining after SIGTERM.
-        return recorder.ready() and not DRAINING.is_set() and (watcher is None or watcher.synced())
-
     written = tuple(kept for kept in (ledger, lease_ledger) if kept is not None)
     offload = (
         LargeReviews(config, unturned if watcher is not None else None, written) if large_reviews else None
     )
+
+    def ready() -> bool:
+        # Not ready until every watch an enabled mutator needs has listed once: a decision over a
+        # half-known cluster would be a guess; nor while the large-review process is starting.
+        # Not ready either once draining after SIGTERM.
+        return (
+            recorder.ready()
+            and not DRAINING.is_set()
+            and (watcher is None or watcher.synced())
+            and (offload is None or offload.ready())
+        )
+
     webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)
     webhook.watcher = watcher
     return webhook, recorder

@@ -13,9 +13,9 @@ WebhookOnDemand that builds one where it is served) and writes back what it answ
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,8 +30,6 @@ from function.serve.offload import LargeReviews
 
 log = logging.getLogger("castslice.server")
 
-LARGE_REVIEW_START_SECONDS = 60.0
-"""How long the serving process waits, at start, for its large-review process to be ready."""
 
 FUNC_SOURCE = Path(__file__).parent.parent / "func.py"
 
@@ -170,21 +168,28 @@ class ServingApp:
                     await send({"type": "lifespan.startup.failed", "message": f"{error}"})
                     raise
                 if webhook.large_reviews is not None:
-                    await large_reviews_started(webhook.large_reviews)
+                    start_large_reviews(webhook.large_reviews)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                built = self.reviews.built
+                if built is not None and built.large_reviews is not None:
+                    built.large_reviews.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
 
-async def large_reviews_started(large_reviews: LargeReviews) -> None:
-    """The large-review process spawned and ready before the server accepts a review: started on
-    the first large review instead, that review would wait for a Python process to start, past
+def start_large_reviews(large_reviews: LargeReviews) -> None:
+    """The large-review process spawned as the server starts (readiness waits for it: the webhook's
+    ``ready``), not on the first large review, which would wait for a Python process to start, past
     the apiserver's timeout on a busy machine. If it does not start, large reviews try again."""
-    try:
-        await asyncio.wait_for(asyncio.wrap_future(large_reviews.start()), LARGE_REVIEW_START_SECONDS)
-    except Exception:
-        log.exception("the large-review process did not start; large reviews will try again")
+
+    def started(future: Future[bool]) -> None:
+        if future.exception() is not None:
+            log.error(
+                "the large-review process did not start: %s; large reviews will try again", future.exception()
+            )
+
+    large_reviews.start().add_done_callback(started)
 
 
 def serving_app(target: str, config: Config | None = None, *, large_reviews: bool = False) -> ASGIApp:

@@ -39,9 +39,11 @@ machine, a ledger that kept changing) is refused, saying why and to create the P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -285,6 +287,7 @@ class LargeReviews:
         self.pool: ProcessPoolExecutor | None = None
         self.views: ViewServer | None = None
         self._lock = threading.Lock()
+        self._starting: Future[bool] | None = None
 
     async def answer(self, webhook: WebhookHttp, path: str, body: bytes) -> HttpReply:
         """The reply to one large review, decided in the child and recorded by ``webhook`` (the
@@ -335,9 +338,15 @@ class LargeReviews:
         return future
 
     def start(self) -> Future[bool]:
-        """Spawn the child now (the serving process awaits this before it starts serving), so the
-        first large review does not wait for a Python process to start and import the engine."""
-        return self._started().submit(_ready)
+        """Spawn the child now (the serving process calls this when it starts serving; ``ready``
+        says when the child is up), so the first large review does not wait for a Python process
+        to start and import the engine."""
+        self._starting = self._started().submit(_ready)
+        return self._starting
+
+    def ready(self) -> bool:
+        """False while the child started by ``start`` is still starting."""
+        return self._starting is None or self._starting.done()
 
     def _started(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -355,8 +364,14 @@ class LargeReviews:
             return self.pool
 
     def close(self) -> None:
+        """The child ended now, whatever it is doing (it holds nothing to save: the worker records):
+        a process exiting waits for its pool's children, and one still starting would hold it."""
         if self.pool is not None:
+            children = list(getattr(self.pool, "_processes", None) or {})
             self.pool.shutdown(wait=False, cancel_futures=True)
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.views is not None:
             self.views.close()
 

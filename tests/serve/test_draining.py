@@ -53,7 +53,8 @@ def test_after_sigterm_new_connections_are_answered_not_ready_then_refused(tmp_p
     served = Served(tmp_path, env={DRAIN_SECONDS_ENV: str(drain)})
     review = (REVIEWS / "default-slice-inference.json").read_bytes()
     try:
-        assert request(served.port, "GET", "/readyz") == (200, None)
+        # Ready once the large-review process is up too (a Service routes to it only then).
+        wait_for(lambda: request(served.port, "GET", "/readyz") == (200, None), 60, what="/readyz 200")
         kept = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
         kept.request("POST", "/mutate", review, {"content-type": "application/json"})
         first = kept.getresponse()

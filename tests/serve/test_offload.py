@@ -87,6 +87,16 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
     """Three 3 MiB reviews in flight at once, small ones sent one after another meanwhile: every
     large one decided (mutated) within the apiserver's 5 s, the small ones answered throughout."""
     served = Served(tmp_path)
+
+    def ready() -> bool:  # as a Service would: only once the large-review process is up too
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
+        connection.request("GET", "/readyz")
+        return connection.getresponse().status == 200
+
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert time.monotonic() < deadline, "not ready within 60 s"
+        time.sleep(0.1)
     big = large_review()
     small = (REVIEWS / "default-slice-inference.json").read_bytes()
     results: list[tuple[int, float]] = []
