@@ -16,7 +16,8 @@ failed). The checks, in the order a broken install fails them:
    was down, timed out, or they came before a policy), counted by ``castslice audit drift``'s
    judgement.
 
-The configuration is read from the ConfigMap the webhook's Deployment mounts, or ``--config``.
+The configuration is read from the ConfigMap the webhook's Deployment (or Knative Service) mounts,
+or ``--config``.
 """
 
 from __future__ import annotations
@@ -307,6 +308,11 @@ def configuration(cluster: Cluster, path: str | None) -> Check:
             return Check("configuration", False, f"{path}: {error}", "castslice config validate " + path)
         return Check("configuration", True, f"{path}")
     status, body = cluster.call("GET", f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/castslice")
+    if status != 200:
+        # The knative-route overlays: the Knative Service's revision template mounts it.
+        status, body = cluster.call(
+            "GET", f"/apis/serving.knative.dev/v1/namespaces/{cluster.namespace}/services/castslice"
+        )
     volumes = (
         body.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []) if status == 200 else []
     )
@@ -316,7 +322,8 @@ def configuration(cluster: Cluster, path: str | None) -> Check:
         return Check(
             "configuration",
             True,
-            "no castslice Deployment mounting one here: the defaults assumed (--config FILE to name it)",
+            "no castslice Deployment or Knative Service mounting one here: the defaults assumed "
+            "(--config FILE to name it)",
             warning=True,
         )
     status, body = cluster.call("GET", f"/api/v1/namespaces/{cluster.namespace}/configmaps/{name}")
