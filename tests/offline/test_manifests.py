@@ -46,12 +46,15 @@ KNATIVE_ROUTE = KNATIVE_DIR / "overlays" / "knative-route"
 DEPLOYMENT = KNATIVE_DIR / "overlays" / "deployment"
 KNATIVE_ROUTE_EVENTING = KNATIVE_DIR / "overlays" / "knative-route-eventing"
 DEPLOYMENT_EVENTING = KNATIVE_DIR / "overlays" / "deployment-eventing"
+# knative-route without its DomainMapping and cert-manager: the route host itself, TLS by certgen
+# (ingresses without DomainMapping, such as Traefik's; tests/cluster runs it for real).
+KNATIVE_ROUTE_HOST = KNATIVE_DIR / "overlays" / "knative-route-host"
 PLAIN_OVERLAYS = (KNATIVE_ROUTE, DEPLOYMENT)
 EVENTING_OVERLAYS = (KNATIVE_ROUTE_EVENTING, DEPLOYMENT_EVENTING)
 WITH_EVENTING = dict(zip(PLAIN_OVERLAYS, EVENTING_OVERLAYS, strict=True))
 OVERLAYS = (*PLAIN_OVERLAYS, *EVENTING_OVERLAYS)
 DEPLOYMENT_ROUTES = (DEPLOYMENT, DEPLOYMENT_EVENTING)
-ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS)
+ALL_KUSTOMIZATIONS = (BASE, *OVERLAYS, KNATIVE_ROUTE_HOST)
 SETTINGS = KNATIVE_DIR / "components" / "settings"
 # The serving certificate without cert-manager (tests/admin/test_certgen.py).
 CERTGEN = KNATIVE_DIR / "components" / "certgen"
@@ -154,7 +157,7 @@ def procfile_web() -> str:
 # --- layout and rendering -------------------------------------------------------------------
 
 
-def test_layout_is_a_base_four_overlays_and_the_components():
+def test_layout_is_a_base_five_overlays_and_the_components():
     assert kustomization_dirs() == sorted(ALL_KUSTOMIZATIONS)
     # cluster-view: the RBAC of the cluster view's watches (tests/test_view_manifests.py), which an
     # overlay includes only when its configuration enables a mutator that watches the cluster.
@@ -383,6 +386,28 @@ def test_webhook_ca_is_injected_by_cert_manager(deployable):
     assert "caBundle" not in the_webhook(objs)["clientConfig"], "cert-manager injects it"
 
 
+def test_knative_route_host_calls_the_services_cluster_local_route_with_certgens_tls():
+    objs = render(KNATIVE_ROUTE_HOST)
+    namespace = one(objs, "ServiceAccount", WEBHOOK_NAME, "")["metadata"]["namespace"]
+    host = f"castslice.{namespace}.svc.cluster.local"
+    urls = {
+        hook["name"]: hook["clientConfig"]["url"]
+        for obj in objs
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for hook in obj["webhooks"]
+    }
+    assert urls and all(urlsplit(url).hostname == host for url in urls.values()), urls
+    assert urlsplit(the_webhook(objs)["clientConfig"]["url"]).path == contract.WEBHOOK_PATH
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"DomainMapping", "ClusterDomainClaim", "Certificate", "Issuer"}, kinds
+    ksvc = one(objs, "Service", WEBHOOK_NAME, "serving.knative.dev")
+    assert ksvc["metadata"]["labels"]["networking.knative.dev/visibility"] == "cluster-local"
+    # certgen's default names are the Service's: <service>.<namespace>.svc(.cluster.local).
+    job = one(objs, "Job", "castslice-certgen", "batch")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--service") + 1] == "castslice"
+
+
 def test_knative_route_calls_the_domain_mapping_over_https():
     objs = render(KNATIVE_ROUTE)
     client = the_webhook(objs)["clientConfig"]
@@ -552,13 +577,17 @@ def test_containers_are_non_root_and_read_only(rendered):
         assert checked == 2  # the webhook and the audit consumer
 
 
+# The certgen Job's account (components/certgen): its rules are pinned in tests/admin/test_certgen.py.
+CERTGEN_ACCOUNT = "castslice-certgen"
+
+
 def test_least_privilege_rbac(rendered):
     # The webhook's token and rules follow the watches its enabled mutators declare: checked
     # exactly in tests/test_view_manifests.py. Everything else calls no Kubernetes API.
     accounts = {sa["metadata"]["name"]: sa for sa in by_kind(rendered, "ServiceAccount", "")}
     for owner, spec in pod_specs(rendered):
         account = accounts[spec["serviceAccountName"]]
-        if account["metadata"]["name"] == WEBHOOK_NAME:
+        if account["metadata"]["name"] in (WEBHOOK_NAME, CERTGEN_ACCOUNT):
             continue
         assert account["automountServiceAccountToken"] is False
         assert spec["automountServiceAccountToken"] is False, owner["metadata"]["name"]
@@ -570,7 +599,8 @@ def test_least_privilege_rbac(rendered):
                     assert not any("*" in value for value in rule.get(field, []))
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             for subject in obj.get("subjects", []):
-                assert subject.get("name") not in set(accounts) - {WEBHOOK_NAME}, "calls no Kubernetes API"
+                calls_the_api = {WEBHOOK_NAME, CERTGEN_ACCOUNT}
+                assert subject.get("name") not in set(accounts) - calls_the_api, "calls no Kubernetes API"
 
 
 def test_configuration_file_is_mounted_and_valid(rendered, tmp_path):
