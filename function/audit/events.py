@@ -1,6 +1,8 @@
 """One admission decision as one CloudEvent: a pure function of the request's audit facts
 (function/admission/facts.py), the decision and the identity of the moment (event id, time), so
-it is tested without a clock, a network or a queue.
+it is tested without a clock, a network or a queue. The controller's events (a lease's step, a Pod
+found drifted) are ``Event``s given their id and time the same way (``wire_event``): every event
+the project emits has the same attributes in the same order, one id format and one time format.
 
 What goes in is chosen field by field, never copied wholesale from the Pod: the Pod's env values,
 annotation values and spec can hold secrets, and an audit pipeline fans events out widely. The one
@@ -18,6 +20,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -290,6 +293,35 @@ def event_data(
     return _data(facts, decision, config_digest, decided_at, engine_version, copy_patch=True)
 
 
+def event_attributes(
+    *,
+    event_id: str,
+    source: str,
+    event_type: str,
+    subject: str,
+    time: str,
+    dataschema: str | None,
+    filters: Mapping[str, str],
+    extensions: Mapping[str, str] | None,
+) -> dict[str, str]:
+    """The attributes of every event the project emits, in one order: K_CE_OVERRIDES' extensions,
+    the CloudEvents attributes, then ``filters``, what Trigger filters see (they never see data)."""
+    attributes = {
+        **(extensions or {}),
+        "specversion": SPEC_VERSION,
+        "id": event_id,
+        "source": source,
+        "type": event_type,
+        "subject": subject,
+        "time": time,
+        "datacontenttype": CONTENT_TYPE,
+    }
+    if dataschema is not None:
+        attributes["dataschema"] = dataschema
+    attributes.update(filters)
+    return attributes
+
+
 def _attributes(
     data: Mapping[str, Any],
     decision: Decision,
@@ -298,21 +330,21 @@ def _attributes(
     extensions: Mapping[str, str] | None,
 ) -> dict[str, str]:
     pod = data["pod"]
-    return {
-        **(extensions or {}),
-        "specversion": SPEC_VERSION,
-        "id": event_id,
-        "source": source,
-        "type": EVENT_TYPES[decision.outcome],
-        "subject": subject_for(pod["namespace"], pod["name"], pod["generateName"]),
-        "time": data["decidedAt"],
-        "datacontenttype": CONTENT_TYPE,
-        "dataschema": DATASCHEMA_URI,
-        # What Trigger filters see (they never see data): contract.EVENT_EXTENSIONS.
-        "outcome": decision.outcome,
-        "podnamespace": pod["namespace"],
-        "mutators": mutators_attribute(decision),
-    }
+    return event_attributes(
+        event_id=event_id,
+        source=source,
+        event_type=EVENT_TYPES[decision.outcome],
+        subject=subject_for(pod["namespace"], pod["name"], pod["generateName"]),
+        time=data["decidedAt"],
+        dataschema=DATASCHEMA_URI,
+        # contract.EVENT_EXTENSIONS
+        filters={
+            "outcome": decision.outcome,
+            "podnamespace": pod["namespace"],
+            "mutators": mutators_attribute(decision),
+        },
+        extensions=extensions,
+    )
 
 
 def build_event(
@@ -349,3 +381,37 @@ def build_wire_event(
     the event itself. The same attributes in the same order and the same data bytes."""
     data = _data(facts, decision, config_digest, decided_at, engine_version, copy_patch=False)
     return WireEvent(event_id, _attributes(data, decision, event_id, source, extensions), compact_json(data))
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event the project emits besides a decision (a lease's step, a Pod found drifted): what
+    it says. The recorder that emits it gives it its id and time (``wire_event``)."""
+
+    type: str
+    source: str
+    subject: str
+    data: Mapping[str, Any]
+    dataschema: str | None = None
+    filters: Mapping[str, str] = field(default_factory=dict)
+    """Attributes Trigger filters see, after the CloudEvents ones."""
+    time: datetime | None = None
+    """When it happened, if not when it is emitted."""
+
+
+def wire_event(
+    event: Event, *, event_id: str, time: datetime, extensions: Mapping[str, str] | None = None
+) -> WireEvent:
+    """``event`` as it is queued and sent: its id, its time (``event.time``, else ``time``) in the
+    one time format, the attributes in the one order."""
+    attributes = event_attributes(
+        event_id=event_id,
+        source=event.source,
+        event_type=event.type,
+        subject=event.subject,
+        time=format_time(event.time or time),
+        dataschema=event.dataschema,
+        filters=event.filters,
+        extensions=extensions,
+    )
+    return WireEvent(event_id, attributes, compact_json(event.data))

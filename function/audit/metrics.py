@@ -56,8 +56,8 @@ DELIVERY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class AuditMetrics:
-    def __init__(self, sink: str = "stdout") -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, sink: str = "stdout", registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.sink = sink
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -75,7 +75,7 @@ class AuditMetrics:
         )
         self.emitted = Counter(
             "castslice_audit_events_emitted",
-            "Decision events built (one per decision that is not a dry run).",
+            "Events built: one per decision that is not a dry run, one per event of the controller.",
             registry=self.registry,
         )
         self.delivered = Counter(

@@ -18,9 +18,11 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final
 
+from prometheus_client import CollectorRegistry
+
 from function.admission.facts import AuditFacts
 from function.audit.delivery import EventSender, RetryPolicy
-from function.audit.events import build_wire_event, parse_extension_overrides
+from function.audit.events import Event, build_wire_event, parse_extension_overrides, wire_event
 from function.audit.metrics import IGNORED, AuditMetrics
 from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
 from function.core.config import AuditConfig, Config, ConfigError
@@ -82,6 +84,16 @@ class AuditRecorder:
         self.metrics.event_emitted()
         self.sender.submit(event)
 
+    def emit(self, event: Event) -> None:
+        """An event besides a decision (the controller's), on the same sink, given its id and
+        time as a decision's event is."""
+        if self.sender is None:
+            return
+        self.metrics.event_emitted()
+        self.sender.submit(
+            wire_event(event, event_id=self._new_id(), time=self._now(), extensions=self.extensions)
+        )
+
     def ready(self) -> bool:
         """Not ready once shutting down; a dead sink never makes the webhook unready (that would
         turn an audit outage into an admission outage)."""
@@ -141,8 +153,11 @@ def choose_sink(config: AuditConfig, environ: Mapping[str, str], writer: StdoutW
     return DaprSink(int(port_text), config.daprPubsub, config.daprTopic, config.requestTimeoutSeconds, token)
 
 
-def build_recorder(config: Config, environ: Mapping[str, str]) -> AuditRecorder:
-    """The recorder for this configuration and environment.
+def build_recorder(
+    config: Config, environ: Mapping[str, str], registry: CollectorRegistry | None = None
+) -> AuditRecorder:
+    """The recorder for this configuration and environment; its metrics in ``registry`` (the
+    process's, served on its /metrics), else in one of its own.
 
     The sink's environment (K_SINK, K_CE_OVERRIDES, DAPR_HTTP_PORT) is injected by the platform,
     not written by the user, and arrives late (a SinkBinding binds after the first Pods start). An
@@ -163,7 +178,7 @@ def build_recorder(config: Config, environ: Mapping[str, str]) -> AuditRecorder:
         extensions, problems = usable_overrides(environ.get("K_CE_OVERRIDES"))
         for problem in problems:
             log.error("ignoring part of K_CE_OVERRIDES: %s", problem)
-    metrics = AuditMetrics(sink.name if sink else "none")
+    metrics = AuditMetrics(sink.name if sink else "none", registry)
     sender = None
     if sink is not None:
         sender = EventSender(

@@ -3,7 +3,7 @@
 A pass lists the Pods in pages (``limit`` with ``continue``, the apiserver's chunking: memory holds
 one page, whatever the cluster's size), judges each with ``function.core.drift`` over the same
 cluster view the webhook keeps (the controller runs the same watches) at the reconcile's time (the
-GPU leases' windows), emits one CloudEvent per Pod found, and at the end of a complete pass
+GPU leases' windows), emits one event per Pod found, and at the end of a complete pass
 publishes ``castslice_drift_pods{mutator,namespace}`` and logs a one-line summary. A page is
 bounded in bytes as well as in Pods: the first asks for a few Pods, and each next one for as many
 as fit ``pageBytes`` at the size of the largest Pod seen so far, so Pods of 1.5 MB are listed a few
@@ -25,21 +25,20 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
 import orjson
-from cloudevents.http import CloudEvent
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from urllib3.exceptions import HTTPError
 
+from function.audit.events import Event
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
-from function.control.reconciler import DONE, Context, Permission, Requeue
+from function.control.reconciler import DONE, Context, Emit, Permission, Requeue
 from function.core.config import Config, watches_for
 from function.core.drift import Finding, Tally, findings
 from function.core.engine import Engine
@@ -86,23 +85,18 @@ def opted_out_in(view: ClusterView) -> frozenset[str]:
     )
 
 
-def drift_event(finding: Finding, found_at: datetime) -> CloudEvent:
-    """The CloudEvent for one Pod found. Its ``data`` names the Pod and what each mutator would do,
-    never the patch (its values may come from the Pod, and env values can hold secrets)."""
-    attributes = {
-        "specversion": "1.0",
-        "id": str(uuid.uuid4()),
-        "source": EVENT_SOURCE,
-        "type": EVENT_TYPE,
-        "subject": f"namespaces/{finding.namespace}/pods/{finding.name}",
-        "time": found_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        "datacontenttype": "application/json",
-        # Trigger filters see attributes only.
-        "podnamespace": finding.namespace,
-        "mutators": ",".join(finding.mutators),
-    }
-    data = {key: value for key, value in finding.as_dict().items() if key != "patch"}
-    return CloudEvent(attributes, data)
+def drift_event(finding: Finding, found_at: datetime) -> Event:
+    """The event for one Pod found, at the pass's time. Its ``data`` names the Pod and what each
+    mutator would do, never the patch (its values may come from the Pod, and env values can hold
+    secrets)."""
+    return Event(
+        type=EVENT_TYPE,
+        source=EVENT_SOURCE,
+        subject=f"namespaces/{finding.namespace}/pods/{finding.name}",
+        data={key: value for key, value in finding.as_dict().items() if key != "patch"},
+        filters={"podnamespace": finding.namespace, "mutators": ",".join(finding.mutators)},
+        time=found_at,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,7 +194,7 @@ class DriftReconciler:
         self,
         engine: Engine,
         api: Api,
-        emit: Callable[[CloudEvent], None],
+        emit: Emit,
         *,
         watches: tuple[WatchSpec, ...] = (),
         interval: float = 300.0,

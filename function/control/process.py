@@ -4,8 +4,10 @@ One process = the cluster view's watches (always, so a standby has a warm view),
 on a ``coordination.k8s.io/v1`` Lease, the runner that starts the reconcilers' workers while this
 process leads, and a small HTTP server: ``/healthz`` (the elector loop is alive), ``/readyz`` (the
 watches have listed once: a standby is ready too, so a rolling update proceeds) and ``/metrics``
-(``castslice_control_*`` plus the view's ``castslice_view_*``). SIGTERM stops leading, releases
-the Lease and exits, so the other replica takes over within its retry period.
+(``castslice_control_*``, the view's ``castslice_view_*``, and the audit stream's
+``castslice_audit_*`` of its one recorder, which every reconciler's events go through). SIGTERM
+stops leading, releases the Lease, drains the events and exits, so the other replica takes over
+within its retry period.
 """
 
 from __future__ import annotations
@@ -21,18 +23,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from function.contract import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from function.control.reconciler import Reconciler
+from function.control.reconciler import Emit, Reconciler
 from function.control.runner import Runner
 from function.core.config import Config
 from function.core.view import merge_specs
 from function.kube.client import Api
 from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS, LeaderElector, LeaseLock
 from function.kube.watch import ClusterWatcher, Transport
+
+if TYPE_CHECKING:
+    from function.audit.recorder import AuditRecorder
 
 log = logging.getLogger("castslice.control")
 
@@ -67,10 +72,12 @@ def own_identity(environ: Mapping[str, str]) -> str:
     return environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
 
 
-def build_reconcilers(config: Config, api: Api) -> list[Reconciler]:
+def build_reconcilers(config: Config, api: Api, emit: Emit = lambda event: None) -> list[Reconciler]:
+    """The enabled reconcilers, writing through ``api``, their events to ``emit`` (the process's
+    one recorder; by default nowhere)."""
     from function.control.reconcilers import PLUGINS
 
-    built = (plugin.build(config, api) for plugin in PLUGINS)
+    built = (plugin.build(config, api, emit) for plugin in PLUGINS)
     return [reconciler for reconciler in built if reconciler is not None]
 
 
@@ -85,9 +92,14 @@ class Controller:
         settings: ControlSettings,
         *,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        registry: CollectorRegistry | None = None,
+        audit: AuditRecorder | None = None,
     ) -> None:
+        """``registry``: the process's metrics (the audit recorder's among them), served on
+        /metrics; ``audit``: the recorder the reconcilers' events go through, drained at stop."""
         self.settings = settings
-        self.registry = CollectorRegistry()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.audit = audit
         self.runner: Runner
         specs = merge_specs(spec for reconciler in reconcilers for spec in reconciler.watches)
         self.watcher = ClusterWatcher(
@@ -156,6 +168,8 @@ class Controller:
         if self._elector_thread is not None:
             self._elector_thread.join(timeout)
         self.watcher.stop()
+        if self.audit is not None:
+            self.audit.close(timeout)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -191,12 +205,15 @@ def _handler(controller: Controller) -> type[BaseHTTPRequestHandler]:
 
 def run_control(config: Config, settings: ControlSettings, environ: Mapping[str, str] | None = None) -> int:
     """Run until SIGTERM or SIGINT; then hand the Lease over and return 0."""
+    from function.audit.recorder import build_recorder
     from function.kube.client import kube_client
 
     environ = os.environ if environ is None else environ
     client = kube_client(environ, user_agent="castslice-control")  # its writes and its watches
-    reconcilers = build_reconcilers(config, client)
-    controller = Controller(reconcilers, client, client, settings)
+    registry = CollectorRegistry()
+    audit = build_recorder(config, environ, registry)  # one per process, counted on /metrics
+    reconcilers = build_reconcilers(config, client, audit.emit)
+    controller = Controller(reconcilers, client, client, settings, registry=registry, audit=audit)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

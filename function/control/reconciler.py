@@ -5,7 +5,7 @@ The module declares a ``ReconcilerPlugin``::
 
     PLUGIN = ReconcilerPlugin(name="gpu-leases", build=build)
 
-    def build(config: Config, api: Api) -> Reconciler | None:
+    def build(config: Config, api: Api, emit: Emit) -> Reconciler | None:
         return None if not config.section("gpuLeases").enabled else LeaseReconciler(api)
 
 and its reconciler has four members (``Reconciler`` below):
@@ -46,8 +46,13 @@ from typing import TYPE_CHECKING, Protocol
 from function.core.view import ClusterView, Record, WatchSpec, rbac_rules
 
 if TYPE_CHECKING:
+    from function.audit.events import Event
     from function.core.config import Config
     from function.kube.client import Api
+
+Emit = Callable[["Event"], None]
+"""Puts an event on the audit stream: the process's one recorder (``AuditRecorder.emit``), which
+gives every event its id and time and counts it on the process's /metrics."""
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,9 @@ class Reconciler(Protocol):
 @dataclass(frozen=True)
 class ReconcilerPlugin:
     name: str
-    build: Callable[[Config, Api], Reconciler | None]
-    """(the configuration, the API writer) -> the reconciler, or None when it is disabled."""
+    build: Callable[[Config, Api, Emit], Reconciler | None]
+    """(the configuration, the API writer, the audit stream) -> the reconciler, or None when it is
+    disabled."""
 
 
 LEADER_ELECTION = Permission("coordination.k8s.io", "leases", ("create", "get", "update"))

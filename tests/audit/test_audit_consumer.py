@@ -225,7 +225,10 @@ def test_since_accepts_durations_and_times() -> None:
 
 # -- the lease controller's lifecycle events --------------------------------------------------------
 def lifecycle(step: str, status: dict[str, Any] | None = None) -> Any:
-    """A lifecycle event exactly as `castslice control` emits it (WireEvent)."""
+    """A lifecycle event exactly as `castslice control` emits it (WireEvent: its recorder gives
+    the event its id and time)."""
+    from function.audit.events import wire_event
+    from function.audit.recorder import random_event_id
     from function.control.reconcilers.gpu_leases import Step, lifecycle_event
     from function.core.leases import slim_lease
 
@@ -242,7 +245,8 @@ def lifecycle(step: str, status: dict[str, Any] | None = None) -> Any:
     )
     assert lease is not None
     status = status or {"phase": "Active", "used": "9", "queued": "0", "overage": "1", "pods": 9}
-    return lifecycle_event(Step(step, lease, status, f"the lease's {step}"))
+    event = lifecycle_event(Step(step, lease, status, f"the lease's {step}"))
+    return wire_event(event, event_id=random_event_id(), time=datetime.now(UTC))
 
 
 @pytest.mark.parametrize("step", LEASE_STEPS)

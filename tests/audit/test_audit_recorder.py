@@ -6,13 +6,17 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from cloudevents.http import CloudEvent
+from prometheus_client import CollectorRegistry
 
 from function.admission.review import Admission
 from function.admission.wire import parse_review
+from function.audit.events import Event
 from function.audit.recorder import AuditRecorder, build_recorder, choose_sink
 from function.audit.sinks import DaprSink, KnativeSink, StdoutSink, StdoutWriter, WireEvent
 from function.core.config import ConfigError, parse_config
@@ -152,4 +156,33 @@ def test_event_ids_are_unique_and_sink_none_emits_nothing() -> None:
     silent = build_recorder(parse_config({"audit": {"sink": "none"}}), {})
     answer(silent, load_review("default-slice-inference"))
     assert silent.sender is None and silent.ready() and silent.close() == 0
+    assert silent.metrics.registry.get_sample_value("castslice_audit_events_emitted_total") == 0
+
+
+def test_an_event_of_the_controller_gets_its_id_time_and_extensions_as_a_decision_does() -> None:
+    submitted = Submitted()
+    registry = CollectorRegistry()
+    recorder = build_recorder(
+        parse_config({}),
+        {"K_SINK": "http://127.0.0.1:9/", "K_CE_OVERRIDES": '{"extensions": {"cluster": "eu-1"}}'},
+        registry,
+    )
+    recorder.sender = submitted  # type: ignore[assignment]
+    found_at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)  # no microseconds: still written
+    recorder.emit(Event("io.example.found.v1", "/castslice/control", "ns/x", {"a": 1}, filters={"k": "v"}))
+    recorder.emit(Event("io.example.found.v1", "/castslice/control", "ns/y", {}, time=found_at))
+    answer(recorder, load_review("default-slice-inference"))
+    first, second, decision = submitted.events
+    assert first["cluster"] == "eu-1" and first["k"] == "v" and first.data == {"a": 1}
+    assert second["time"] == "2026-11-25T12:00:00.000000Z"
+    ids = [event["id"] for event in submitted.events]
+    uuid4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+    assert len(set(ids)) == 3 and all(re.fullmatch(uuid4, i) for i in ids), "one id format"
+    times = [event["time"] for event in submitted.events]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", t) for t in times), "one format"
+    assert list(first)[:8] == list(decision)[:8], "the same attributes in the same order"
+    # Counted where the process serves its metrics.
+    assert registry.get_sample_value("castslice_audit_events_emitted_total") == 3
+    silent = build_recorder(parse_config({"audit": {"sink": "none"}}), {})
+    silent.emit(Event("t", "/s", "x", {}))  # sink none: nowhere, nothing counted
     assert silent.metrics.registry.get_sample_value("castslice_audit_events_emitted_total") == 0

@@ -1,7 +1,8 @@
 """The drift reconciler (function/control/drift.py) against the stand-in apiserver: paged lists,
-one CloudEvent per Pod found, the metric per mutator and namespace replaced by each complete pass
-and shown only while fresh, a failed list publishing nothing, a summary in the log; and as a
-plug-in of castslice control (one page per reconcile, the configuration's interval)."""
+one event per Pod found (the CloudEvent the audit stream carries, its time in the one format), the
+metric per mutator and namespace replaced by each complete pass and shown only while fresh, a
+failed list publishing nothing, a summary in the log; and as a plug-in of castslice control (one
+page per reconcile, the configuration's interval)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from cloudevents.http import CloudEvent
 from prometheus_client import CollectorRegistry
 
+from function.audit.events import Event, wire_event
+from function.audit.recorder import random_event_id
 from function.control.drift import EVENT_TYPE, PASS_KEY, DriftMetrics, DriftReconciler
 from function.control.reconciler import Context, Requeue
 from function.control.reconcilers import PLUGINS
@@ -84,8 +87,13 @@ def reconciler(
 ) -> DriftReconciler:
     kube = transport_for(api.url)
     clock = clock or Clock()
+
+    def emit(event: Event) -> None:  # as the recorder sends it
+        emitted = wire_event(event, event_id=random_event_id(), time=datetime.now(UTC))
+        events.append(emitted.cloud_event())
+
     return DriftReconciler(
-        Engine(CONFIG), kube, events.append, interval=interval, page_size=2, clock=clock, wall=clock
+        Engine(CONFIG), kube, emit, interval=interval, page_size=2, clock=clock, wall=clock
     )
 
 
@@ -128,6 +136,8 @@ def test_a_pass_pages_through_every_pod_and_reports_each_one_found(
     )
     assert event.data["outcome"] == "mutated" and "patch" not in event.data
     assert event.data["mutators"][0]["mutator"] == "gpu-slicing"
+    # The pass's time, as every event's: microseconds always there, so stored times sort as text.
+    assert event["time"].endswith("Z") and len(event["time"]) == len("2026-11-26T12:00:00.000000Z")
     assert gauge(drift.metrics) == {("gpu-slicing", "ml"): 3.0, ("gpu-slicing", "lab"): 1.0}
     summary = (
         "drift: 6 Pod(s) judged, 4 the webhook would change (gpu-slicing in lab: 1, gpu-slicing in ml: 3)"
@@ -207,11 +217,13 @@ def test_the_plugin_is_on_by_default_with_the_configured_interval_and_page() -> 
     assert "drift" in [plugin.name for plugin in PLUGINS]
     kube = transport_for("http://127.0.0.1:1")
     built = build(
-        parse_config({"drift": {"intervalSeconds": 60, "pageSize": 100}, "audit": {"sink": "none"}}), kube
+        parse_config({"drift": {"intervalSeconds": 60, "pageSize": 100}, "audit": {"sink": "none"}}),
+        kube,
+        lambda event: None,
     )
     assert built is not None and (built.interval, built.page_size, built.resync_seconds) == (60, 100, 60)
     assert "namespaces" in [spec.index for spec in built.watches]
-    assert build(parse_config({"drift": {"enabled": False}}), kube) is None
+    assert build(parse_config({"drift": {"enabled": False}}), kube, lambda event: None) is None
     registry = CollectorRegistry()
     built.register(registry)
     assert built.metrics.registry is registry

@@ -4,8 +4,11 @@ data payload naming at most the Pod a step is about)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from function.audit.consumer import event_problems
+from function.audit.events import wire_event
+from function.audit.sinks import WireEvent
 from function.control.reconcilers.gpu_leases import Step, lifecycle_event
 from function.core.leases import Lease, slim_charged_pod, slim_lease
 
@@ -26,9 +29,14 @@ def lease() -> Lease:
     return record
 
 
+def emitted(step: Step) -> WireEvent:
+    """The step's event as the recorder sends it."""
+    return wire_event(lifecycle_event(step), event_id="e-1", time=datetime(2026, 11, 25, 12, 0, tzinfo=UTC))
+
+
 def test_a_lifecycle_step_is_a_versioned_cloudevent_about_the_lease() -> None:
     status = {"phase": "Active", "used": "9", "overage": "1"}
-    event = lifecycle_event(Step("OverCommitted", lease(), status, "9 GPU admitted of 8 leased (1 over)"))
+    event = emitted(Step("OverCommitted", lease(), status, "9 GPU admitted of 8 leased (1 over)"))
     attributes = event.attributes
     assert attributes["type"] == "io.castops.castslice.gpulease.overcommitted.v1"
     assert attributes["subject"] == "ml/h100" and attributes["source"] == "/castslice/control"
@@ -54,7 +62,7 @@ def test_a_pods_step_names_the_pod_and_nothing_more_of_it() -> None:
         }
     )
     step = Step("EvictionBlocked", lease(), {}, "refused by a PodDisruptionBudget", pod)
-    event = json.loads(lifecycle_event(step).structured())
+    event = json.loads(emitted(step).structured())
     assert event["type"] == "io.castops.castslice.gpulease.evictionblocked.v1"
     assert event["data"]["pod"] == {"namespace": "ml", "name": "train-1", "uid": "p1"}
     assert event_problems(event) == []  # the reference consumer's check, against the schema

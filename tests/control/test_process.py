@@ -9,7 +9,11 @@ import time
 import urllib.request
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from function.audit.recorder import build_recorder
 from function.control.process import Controller, ControlSettings, own_identity, own_namespace
+from function.core.config import parse_config
 from tests.control.support import THINGS, Recorder
 from tests.support.fake_api import FakeApi
 from tests.support.view import FakeApiServer, transport_for
@@ -98,6 +102,25 @@ def test_the_leader_reconciles_only_once_the_watches_have_listed() -> None:
         finally:
             transport.listing.set()
             controller.stop()
+
+
+def test_the_processs_one_audit_recorder_counts_on_its_metrics_and_its_events_are_drained_at_stop() -> None:
+    registry = CollectorRegistry()
+    audit = build_recorder(parse_config({"audit": {"sink": "stdout"}}), {}, registry)
+    settings = ControlSettings(lease_namespace="ops", identity="control-0", host="127.0.0.1", port=0)
+    recorder = Recorder()
+    recorder.watches = ()  # type: ignore[misc] - nothing to watch
+    controller = Controller([recorder], FakeApi(), NoTransport(), settings, registry=registry, audit=audit)
+    controller.start()
+    try:
+        wait_for(lambda: controller.elector.leading)
+        status, metrics = get(controller.port, "/metrics")
+        assert status == 200
+        assert "castslice_audit_events_emitted_total 0.0" in metrics
+        assert "castslice_control_is_leader 1.0" in metrics and "process_cpu_seconds_total" in metrics
+    finally:
+        controller.stop()
+    assert not audit.ready()  # closed with the process
 
 
 def test_unhealthy_before_the_elector_runs() -> None:

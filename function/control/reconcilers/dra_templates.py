@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from function.control.reconciler import DONE, Context, Permission, ReconcilerPlugin, Requeue
+from function.control.reconciler import DONE, Context, Emit, Permission, ReconcilerPlugin, Requeue
 from function.core.dra import (
     API_GROUP,
     API_VERSION,
@@ -119,7 +119,7 @@ class TemplateReconciler:
                 self._actions.labels(action.verb).inc()
 
 
-def build(config: Config, api: Api) -> TemplateReconciler | None:
+def build(config: Config, api: Api, emit: Emit) -> TemplateReconciler | None:
     section = config.section("gpuSlicing")
     if not section.enabled or section.backend != "dra" or section.dra.templates != "managed":
         return None

@@ -32,17 +32,16 @@ GPU-hours: ``consumed`` holds the hours up to ``since`` and what was bound to a 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from function.contract import CONTROL_EVENT_SOURCE, LEASE_EVENT_TYPES
-from function.control.reconciler import DONE, Context, Permission, ReconcilerPlugin, Requeue
+from function.control.reconciler import DONE, Context, Emit, Permission, ReconcilerPlugin, Requeue
 from function.core.config import Config
 from function.core.leases import (
     API_VERSION,
@@ -75,6 +74,9 @@ from function.core.leases import (
 )
 from function.core.view import ClusterView, Record, WatchSpec
 from function.kube.client import APPLY_PATCH, Api, ApiError, collection_path, object_path
+
+if TYPE_CHECKING:
+    from function.audit.events import Event
 
 log = logging.getLogger("castslice.control.gpuleases")
 
@@ -394,7 +396,7 @@ class Subject:
         }
 
 
-Emit = Callable[["Step"], None]
+Tell = Callable[["Step"], None]
 
 
 @dataclass(frozen=True)
@@ -421,9 +423,9 @@ class LeaseReconciler:
     )
     resync_seconds: float = RESYNC_SECONDS
 
-    def __init__(self, api: Api, emit: Emit | None = None) -> None:
+    def __init__(self, api: Api, emit: Tell | None = None) -> None:
         self.api = api
-        self.emit: Emit = emit or (lambda step: None)
+        self.emit: Tell = emit or (lambda step: None)
         self.metrics: LeaseMetrics | None = None
         # Memory of this term only (``forget_term`` drops it when the lead is lost): what a new
         # leader needs is on the objects themselves.
@@ -810,14 +812,12 @@ class LeaseReconciler:
         return max((min(ahead) - now).total_seconds(), 0.0) + 0.05
 
 
-def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Any:
-    """A step as a CloudEvent for the audit stream (the same sinks as admission decisions): the
+def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Event:
+    """A step as an event for the audit stream (the same sinks as admission decisions): the
     lease, the step, the status applied with it (a lease's step) or the Pod it is about."""
-    from function.audit.events import LEASE_DATASCHEMA_URI, format_time
-    from function.audit.sinks import WireEvent, compact_json
+    from function.audit.events import LEASE_DATASCHEMA_URI, Event
 
     lease = step.lease
-    event_id = str(uuid.uuid4())
     data: dict[str, Any] = {
         "lease": {"namespace": lease.namespace, "name": lease.name, "uid": lease.uid, "model": lease.model},
         "step": step.step,
@@ -829,37 +829,20 @@ def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Any:
     }
     if step.pod is not None:
         data["pod"] = {"namespace": step.pod.namespace, "name": step.pod.name, "uid": step.pod.uid}
-    attributes = {
-        "specversion": "1.0",
-        "id": event_id,
-        "source": source,
-        "type": LEASE_EVENT_TYPES[step.step],
-        "subject": f"{lease.namespace}/{lease.name}",
-        "time": format_time(datetime.now(UTC)),
-        "datacontenttype": "application/json",
-        "dataschema": LEASE_DATASCHEMA_URI,
-        "podnamespace": lease.namespace,
-    }
-    return WireEvent(event_id, attributes, compact_json(data))
+    return Event(
+        type=LEASE_EVENT_TYPES[step.step],
+        source=source,
+        subject=f"{lease.namespace}/{lease.name}",
+        data=data,
+        dataschema=LEASE_DATASCHEMA_URI,
+        filters={"podnamespace": lease.namespace},
+    )
 
 
-def build(config: Config, api: Api) -> LeaseReconciler | None:
+def build(config: Config, api: Api, emit: Emit) -> LeaseReconciler | None:
     if not config.section("gpuLeases").enabled:
         return None
-    emit = None
-    if config.audit.sink != "none":
-        import os
-
-        from function.audit.recorder import build_recorder
-
-        recorder = build_recorder(config, os.environ)
-        sender = recorder.sender
-        if sender is not None:
-
-            def emit(step: Step) -> None:
-                sender.submit(lifecycle_event(step))
-
-    return LeaseReconciler(api, emit)
+    return LeaseReconciler(api, lambda step: emit(lifecycle_event(step)))
 
 
 PLUGIN = ReconcilerPlugin(name=NAME, build=build)
