@@ -58,6 +58,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.kubeconfig import write_kubeconfig
+
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 REQUIRED_ENV = "CASTSLICE_E2E_REQUIRED"
 TIMEOUT_ENV = "CASTSLICE_E2E_START_TIMEOUT"
@@ -774,25 +776,8 @@ def _pod_scheduled_condition(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_kubeconfig(path: Path, host: str, ca: Path, cert: CertKey, user: str) -> None:
-    # JSON is YAML: no dependency needed to write it.
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "e2e", "cluster": {"server": host, "certificate-authority": str(ca)}}],
-                "users": [
-                    {
-                        "name": user,
-                        "user": {"client-certificate": str(cert.cert), "client-key": str(cert.key)},
-                    }
-                ],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
-                "current-context": "e2e",
-            },
-            indent=2,
-        )
-    )
+    credentials = {"client-certificate": str(cert.cert), "client-key": str(cert.key)}
+    write_kubeconfig(path, host, user, credentials, ca)
 
 
 def start_control_plane(binaries: dict[str, Path], timeout: float | None = None) -> ControlPlane:

@@ -5,7 +5,6 @@ names), created with the API, and a token kubeconfig for a server to run as it."
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.kubeconfig import write_kubeconfig
 from tests.support.manifests import KNATIVE_DIR, kubectl_path
 
 from .controlplane import ControlPlane
@@ -92,6 +92,22 @@ def delete_created(plane: ControlPlane, created: list[dict[str, Any]]) -> None:
                     time.sleep(0.2)
 
 
+def token_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig holding only an hour's token of the ServiceAccount ``namespace/account`` (no
+    client certificate): what a Pod running as that account gets."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        token = (
+            client.CoreV1Api(api)
+            .create_namespaced_service_account_token(
+                account, namespace, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
+            )
+            .status.token
+        )
+    return write_kubeconfig(path, plane.host, account, {"token": token}, plane.ca_cert)
+
+
 def service_account_kubeconfig(
     plane: ControlPlane,
     directory: Path,
@@ -101,36 +117,9 @@ def service_account_kubeconfig(
 ) -> Path:
     """Apply the rendered RBAC with ``components`` (what was new is appended to ``created``); a
     kubeconfig with a token of the ServiceAccount ``account`` (the webhook's by default)."""
-    from kubernetes import client
-
     with plane.api_client() as api:
         for obj in rendered_rbac(directory, components, account):
             if create(api, obj):
                 created.append(obj)
-        plane.wait_for_service_account(SA_NAMESPACE, account)
-        token = (
-            client.CoreV1Api(api)
-            .create_namespaced_service_account_token(
-                account, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
-            )
-            .status.token
-        )
-    path = directory / f"{account}.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
-                    }
-                ],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
-                "current-context": "e2e",
-            }
-        )
-    )
-    return path
+    plane.wait_for_service_account(SA_NAMESPACE, account)
+    return token_kubeconfig(plane, SA_NAMESPACE, account, directory / f"{account}.kubeconfig")

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -265,29 +266,57 @@ def pointed_at(
 
 
 # -- several servers behind one address --------------------------------------------------------
-class RoundRobinProxy:
+class ServiceProxy:
     """One address in front of several servers, as a Service is in front of its Pods: each new TCP
-    connection goes to the next backend (TLS passes through; every backend's certificate names
-    127.0.0.1). kube-proxy balances per connection too."""
+    connection goes to the next endpoint in turn (TLS passes through; every server's certificate
+    names 127.0.0.1), as kube-proxy balances per connection. Endpoints come and go (``add``,
+    ``remove_later``: an endpoint leaves a while after its Pod is told to terminate); a connection
+    with no endpoint, or one whose endpoint refuses it, is closed and counted."""
 
-    def __init__(self, backends: list[int]) -> None:
-        self.backends = backends
-        self.connections = [0] * len(backends)
+    def __init__(self, endpoints: Iterable[int] = ()) -> None:
+        self.endpoints: list[int] = list(endpoints)
+        self.lock = threading.Lock()
+        self.turn = 0
+        self.connections: dict[int, int] = {}
+        self.refused = 0
+        self.no_endpoint = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def add(self, port: int) -> None:
+        with self.lock:
+            self.endpoints.append(port)
+
+    def remove_later(self, port: int, lag: float) -> None:
+        def remove() -> None:
+            with self.lock:
+                self.endpoints.remove(port)
+
+        threading.Timer(lag, remove).start()
+
     def _accept(self) -> None:
-        turn = 0
         while True:
             try:
                 client, _ = self.listener.accept()
             except OSError:
                 return  # closed
-            index = turn % len(self.backends)
-            turn += 1
-            self.connections[index] += 1
-            upstream = socket.create_connection(("127.0.0.1", self.backends[index]))
+            with self.lock:
+                if not self.endpoints:
+                    self.no_endpoint += 1
+                    client.close()
+                    continue
+                port = self.endpoints[self.turn % len(self.endpoints)]
+                self.turn += 1
+                self.connections[port] = self.connections.get(port, 0) + 1
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port))
+            except OSError:
+                with self.lock:
+                    self.refused += 1
+                client.close()
+                continue
             for source, target in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
@@ -312,7 +341,7 @@ class TwoBehindOne:
     def __init__(self, name: str, servers: list[ServedWebhook]) -> None:
         self.name = name
         self.servers = servers
-        self.proxy = RoundRobinProxy([server.port for server in servers])
+        self.proxy = ServiceProxy([server.port for server in servers])
         self.url = f"https://127.0.0.1:{self.proxy.port}"
 
     def admissions_by_worker(self) -> list[float]:

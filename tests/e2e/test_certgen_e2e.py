@@ -10,7 +10,6 @@ runs as a process with the Job's identity."""
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.controlplane import ControlPlane, free_port
-from tests.e2e.identity import create
+from tests.e2e.identity import create, token_kubeconfig
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, start_event_sink
 from tests.support.manifests import KNATIVE_DIR, render_overlay
 
@@ -35,38 +34,6 @@ RBAC_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     overlay = KNATIVE_DIR / "overlays" / "deployment"
     return render_overlay(tmp_path_factory.mktemp("certgen"), overlay, ("certgen",))
-
-
-def token_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig holding only a token of ``account``: what the Job's Pod gets."""
-    from kubernetes import client
-
-    with plane.api_client() as api:
-        token = (
-            client.CoreV1Api(api)
-            .create_namespaced_service_account_token(
-                account, namespace, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
-            )
-            .status.token
-        )
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {"server": plane.host, "certificate-authority": str(plane.ca_cert)},
-                    }
-                ],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
-                "current-context": "e2e",
-            }
-        )
-    )
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import base64
 import datetime
-import json
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ import yaml
 
 from function.admin.certgen import issue
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.identity import create, rendered_rbac
+from tests.e2e.identity import create, rendered_rbac, token_kubeconfig
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, pointed_at, start_event_sink
 from tests.e2e.support import delete_crd
 from tests.support.manifests import KNATIVE_DIR, render
@@ -34,33 +32,6 @@ ELSEWHERE = "doctor-elsewhere"
 CONFIG = {"podMutations": {"enabled": True}}
 ROUTE = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [PROBE]}
 """Only the probe namespace goes to this module's webhook (other modules share the apiserver)."""
-
-
-def token_kubeconfig(plane: ControlPlane, account: str, path: Path) -> Path:
-    from kubernetes import client
-
-    with plane.api_client() as api:
-        token = (
-            client.CoreV1Api(api)
-            .create_namespaced_service_account_token(
-                account, NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
-            )
-            .status.token
-        )
-    cluster = {"server": plane.host, "certificate-authority": str(plane.ca_cert)}
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "e2e", "cluster": cluster}],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
-                "current-context": "e2e",
-            }
-        )
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +50,7 @@ def setup(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
             create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
             control_plane.wait_for_service_account(name)
         control_plane.wait_for_service_account(NAMESPACE, "castslice")
-    kubeconfig = token_kubeconfig(control_plane, "castslice", work / "castslice.kubeconfig")
+    kubeconfig = token_kubeconfig(control_plane, NAMESPACE, "castslice", work / "castslice.kubeconfig")
     log = EventLog()
     sink, sink_server = start_event_sink(log)
     served = ServedWebhook(control_plane, "doctor", CONFIG, sink, kubeconfig=kubeconfig)

@@ -26,7 +26,7 @@ import yaml
 from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, FakeNode, node_manifest
-from .launch import EventLog, RoundRobinProxy, ServedController, ServedWebhook, pointed_at, start_event_sink
+from .launch import EventLog, ServedController, ServedWebhook, ServiceProxy, pointed_at, start_event_sink
 from .support import kubectl, restart_apiserver
 
 pytestmark = pytest.mark.e2e
@@ -125,7 +125,7 @@ def leases(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     two_servers = [
         ServedWebhook(plane, f"leases-two-{n}", CONFIG, sink_url, kubeconfig=plane.kubeconfig) for n in "ab"
     ]
-    proxy = RoundRobinProxy([server.port for server in two_servers])
+    proxy = ServiceProxy([server.port for server in two_servers])
     ca = plane.ca_cert.read_bytes()
     registration = client.AdmissionregistrationV1Api(api)
     base = one(render(KNATIVE_DIR / "base"), "MutatingWebhookConfiguration")

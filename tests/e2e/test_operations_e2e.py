@@ -13,12 +13,10 @@ Figures (counts, rates, durations) are printed (``-s``) and kept as test propert
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +34,7 @@ from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, kill_group
 from .identity import delete_created, service_account_kubeconfig
-from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
+from .launch import EventLog, ServedController, ServedWebhook, ServiceProxy, pointed_at, start_event_sink
 from .support import restart_apiserver
 from .workloads import PLACEMENT, deployment, eventually
 
@@ -73,70 +71,6 @@ DEPLOYMENTS, SCALE_EVERY = 10, 2.0
 with the GPU Pods makes 20 Pod creations a second."""
 
 
-# -- one address in front of the replicas -------------------------------------------------------
-class ServiceProxy:
-    def __init__(self) -> None:
-        self.endpoints: list[int] = []
-        self.lock = threading.Lock()
-        self.turn = 0
-        self.connections: dict[int, int] = {}
-        self.refused = 0
-        self.no_endpoint = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.url = f"https://127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def add(self, port: int) -> None:
-        with self.lock:
-            self.endpoints.append(port)
-
-    def remove_later(self, port: int, lag: float = ENDPOINT_LAG) -> None:
-        def remove() -> None:
-            with self.lock:
-                self.endpoints.remove(port)
-
-        threading.Timer(lag, remove).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            with self.lock:
-                if not self.endpoints:
-                    self.no_endpoint += 1
-                    client.close()
-                    continue
-                port = self.endpoints[self.turn % len(self.endpoints)]
-                self.turn += 1
-                self.connections[port] = self.connections.get(port, 0) + 1
-            try:
-                upstream = socket.create_connection(("127.0.0.1", port))
-            except OSError:
-                with self.lock:
-                    self.refused += 1
-                client.close()
-                continue
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                target.shutdown(socket.SHUT_WR)
-
-    def stop(self) -> None:
-        self.listener.close()
-
-
 class Replicas:
     """The webhook's replicas behind the proxy: started, ready, terminated one by one."""
 
@@ -164,7 +98,7 @@ class Replicas:
         self.running.remove(server)
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        self.proxy.remove_later(server.port)
+        self.proxy.remove_later(server.port, ENDPOINT_LAG)
         server.process.wait(timeout)
         kill_group(server.process)
         self.stopped.append(server)
@@ -176,7 +110,7 @@ class Replicas:
         for server in list(self.running):
             self.running.remove(server)
             server.process.send_signal(signal.SIGTERM)
-            self.proxy.remove_later(server.port)
+            self.proxy.remove_later(server.port, ENDPOINT_LAG)
             self.stopped.append(server)
         time.sleep(SHUTDOWN_DRAIN_SECONDS + 1)
         for server in self.stopped:

@@ -30,7 +30,7 @@ from function.serve.app import build_webhook
 from function.serve.http_api import WebhookHttp
 
 from .controlplane import ControlPlane
-from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac
+from .identity import SA_NAME, SA_NAMESPACE, create, rendered_rbac, token_kubeconfig
 from .support import restart_apiserver
 
 pytestmark = pytest.mark.e2e
@@ -83,35 +83,10 @@ def kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFac
                 control_plane.get(f"/api/v1/namespaces/{SA_NAMESPACE}/serviceaccounts/{SA_NAME}")[0] == 200
             )
         )
-        token = (
-            client.CoreV1Api(api)
-            .create_namespaced_service_account_token(
-                SA_NAME, SA_NAMESPACE, client.AuthenticationV1TokenRequest(spec={"expirationSeconds": 3600})
-            )
-            .status.token
-        )
         create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         control_plane.wait_for_service_account(NAMESPACE)
-    path = tmp_path_factory.mktemp("kubeconfig") / "castslice.kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {
-                            "server": control_plane.host,
-                            "certificate-authority": str(control_plane.ca_cert),
-                        },
-                    }
-                ],
-                "users": [{"name": SA_NAME, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": SA_NAME}}],
-                "current-context": "e2e",
-            }
-        )
+    path = token_kubeconfig(
+        control_plane, SA_NAMESPACE, SA_NAME, tmp_path_factory.mktemp("kubeconfig") / "castslice.kubeconfig"
     )
     yield path
     with control_plane.api_client() as api:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-import yaml
+from tests.support.kubeconfig import write_kubeconfig
 
 if TYPE_CHECKING:
     from function.kube.client import KubeClient
@@ -297,16 +297,4 @@ def transport_for(url: str, token: str = "") -> KubeClient:
 
 
 def kubeconfig_for(url: str, path: Path) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "fake", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
+    return write_kubeconfig(path, url, "fake", {"token": "t"})
