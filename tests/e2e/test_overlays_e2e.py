@@ -18,7 +18,13 @@ from tests.support.manifests import KNATIVE_DIR, kustomization_dirs, render
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = [d for d in kustomization_dirs() if d.parent.name == "overlays"]
-EXPECTED = {"knative-route", "deployment", "knative-route-eventing", "deployment-eventing"}
+EXPECTED = {
+    "knative-route",
+    "knative-route-host",
+    "deployment",
+    "knative-route-eventing",
+    "deployment-eventing",
+}
 
 
 def strict_dry_run(api: Any, objects: list[dict[str, Any]], origin: str) -> None:
@@ -64,8 +70,10 @@ def api(control_plane: Any) -> Any:
     return api
 
 
-def test_the_overlays_are_the_four_documented_ones() -> None:
+def test_the_overlays_are_the_documented_ones() -> None:
     assert {d.name for d in OVERLAYS} == EXPECTED
+    documented = (ROOT / "docs" / "deploy.md").read_text()
+    assert all(f"overlays/{name}" in documented for name in EXPECTED)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=[d.name for d in OVERLAYS])
