@@ -51,9 +51,9 @@ from function.core.leases import (
 )
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import NAME as GPU_LEASES
-from function.core.mutators.gpu_leases import GpuLeases, LeaseView, namespace_leases
+from function.core.mutators.gpu_leases import GpuLeases, namespace_leases
 from function.core.pod import Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
-from function.core.view import FINISHED_PHASES, PODS, ClusterView
+from function.core.view import FINISHED_PHASES, PODS, ClusterView, Overlay
 
 ERROR: Final = "error"
 """The mutator column of a Pod the engine could not judge (an internal error): shown, not drift."""
@@ -143,33 +143,25 @@ def as_admitted(stored: Mapping[str, Any]) -> Pod:
     return pod
 
 
-class WithoutPod:
+class WithoutPod(Overlay):
     """A cluster view that does not show one Pod: a stored Pod is judged as if it were being created,
-    so it must not count as its own sibling (the view holds it; a review's view would not yet)."""
+    so it must not count as its own sibling (the view holds it; a review's view would not yet).
+    The base's sums (a lease's use) stand: the Pod left out is never among them, since a charged
+    Pod is judged as charged before anything counts."""
+
+    __slots__ = ("uid",)
 
     def __init__(self, base: ClusterView, uid: str) -> None:
-        self._base, self._uid = base, uid
-
-    @property
-    def available(self) -> bool:
-        return self._base.available
+        super().__init__(base)
+        self.uid = uid
 
     def index(self, name: str) -> Mapping[str, Any]:
-        records = self._base.index(name)
-        return _Without(records, self._uid) if name == PODS.index and self._uid in records else records
+        records = self.base.index(name)
+        return _Without(records, self.uid) if name == PODS.index and self.uid in records else records
 
     def group(self, name: str, key: str) -> Mapping[str, Any]:
-        members = self._base.group(name, key)
-        return _Without(members, self._uid) if name == PODS.index and self._uid in members else members
-
-    def synced(self, name: str) -> bool:
-        return self._base.synced(name)
-
-    def tally(self, name: str, key: str) -> tuple[int, ...]:
-        """The base view's sums (a lease's use): the Pod left out is never among them, since a
-        charged Pod is judged as charged before anything counts."""
-        inner = getattr(self._base, "tally", None)
-        return tuple(inner(name, key)) if callable(inner) else ()
+        members = self.base.group(name, key)
+        return _Without(members, self.uid) if name == PODS.index and self.uid in members else members
 
 
 class _Without(Mapping[str, Any]):
@@ -215,7 +207,7 @@ def judge(
     namespace, uid = _text(metadata.get("namespace")), _text(metadata.get("uid"))
     cluster: ClusterView = WithoutPod(view, uid) if uid else view
     if now is not None:
-        cluster = LeaseView(cluster, now)
+        cluster = Overlay(cluster, now=now)
     pod = as_admitted(stored)
     context = RequestContext(
         # The uid of the review that charged the Pod: judged as that review, a charged Pod reads as

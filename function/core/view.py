@@ -28,6 +28,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 import immutables
@@ -295,6 +296,17 @@ class ClusterView(Protocol):
         """The index has been listed completely at least once (its state is whole)."""
         ...
 
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        """The sums the index keeps for group ``key`` (its spec's ``tally``), kept as the watch
+        delivers, so a decision never walks the group; () when the index keeps none."""
+        ...
+
+    @property
+    def now(self) -> datetime | None:
+        """The snapshot's wall-clock time, when the edge (or the offline command) gives it one:
+        the core reads no clock. None: not given."""
+        ...
+
 
 @dataclass(frozen=True)
 class IndexState:
@@ -425,6 +437,10 @@ class View:
         sums = state.tallies.get(key) if state is not None else None
         return sums if sums else ()
 
+    @property
+    def now(self) -> datetime | None:
+        return None  # the watches' state has no time of its own: the edge adds it (Overlay)
+
     def names(self) -> tuple[str, ...]:
         return tuple(self._indices)
 
@@ -435,6 +451,50 @@ class View:
 
 EMPTY_VIEW: ClusterView = View({}, available=False)
 """No cluster state: every index empty, nothing synced, ``available`` False."""
+
+
+class Overlay:
+    """The one delegating view: ``base`` as it is, but for the indices given here (this process's
+    in-flight ledgers, the PodMutations named on the command line), which read as synced, and
+    the snapshot's time when given. A view that hides part of its base derives from it
+    (function/core/drift.py's WithoutPod)."""
+
+    __slots__ = ("_now", "base", "indices")
+
+    def __init__(
+        self,
+        base: ClusterView,
+        indices: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> None:
+        self.base = base
+        self.indices: Mapping[str, Mapping[str, Any]] = indices or {}
+        self._now = now
+
+    @property
+    def available(self) -> bool:
+        return self.base.available
+
+    def index(self, name: str) -> Mapping[str, Any]:
+        given = self.indices.get(name)
+        return given if given is not None else self.base.index(name)
+
+    def group(self, name: str, key: str) -> Mapping[str, Any]:
+        return self.base.group(name, key)
+
+    def synced(self, name: str) -> bool:
+        return name in self.indices or self.base.synced(name)
+
+    def tally(self, name: str, key: str) -> tuple[int, ...]:
+        return self.base.tally(name, key)
+
+    @property
+    def now(self) -> datetime | None:
+        return self._now if self._now is not None else self.base.now
+
+    def __repr__(self) -> str:
+        return f"Overlay({self.base!r}, indices={sorted(self.indices)}, now={self._now})"
 
 
 class StaticView(View):

@@ -12,8 +12,8 @@ from function.core.config import Config
 from function.core.engine import build_mutators
 from function.core.leases import CHARGED_PODS, LEASES, gpus, until
 from function.core.mutators.base import RequestContext
-from function.core.mutators.gpu_leases import NAME, GpuLeases, LeaseView, Verdict
-from function.core.view import ClusterView
+from function.core.mutators.gpu_leases import NAME, GpuLeases, Verdict
+from function.core.view import ClusterView, Overlay
 
 STATE_SPECS = (LEASES, CHARGED_PODS)
 """Always read from a state file: naming GpuLeases there is asking for their decisions."""
@@ -29,7 +29,7 @@ def with_gpu_leases(
         return config, cluster
     if not section.enabled:
         config = config.model_copy(update={"gpuLeases": section.model_copy(update={"enabled": True})})
-    return config, LeaseView(cluster, now or datetime.now(UTC))
+    return config, Overlay(cluster, now=now or datetime.now(UTC))
 
 
 def lease_lines(config: Config, pod: dict[str, Any], namespace: str, cluster: ClusterView) -> Iterator[str]:

@@ -22,31 +22,28 @@ from function.core.podmutation.compiled import (
     is_podmutation,
 )
 from function.core.podmutation.match import Selection, Workload, select, workload_of
-from function.core.view import ClusterView
+from function.core.view import ClusterView, Overlay
 
 Record = CompiledMutation | InvalidMutation
 OUR_INDEX = "podmutations"
 
 
-class WithMutations:
+class WithMutations(Overlay):
     """A cluster view (``--cluster STATE.yaml``) with the PodMutations given on the command line
     in place of its own ``podmutations`` index."""
 
+    __slots__ = ("mutations",)
+
     def __init__(self, base: ClusterView, mutations: ClusterView) -> None:
-        self._base, self._mutations = base, mutations
+        super().__init__(base, {OUR_INDEX: mutations.index(OUR_INDEX)})
+        self.mutations = mutations
 
     @property
     def available(self) -> bool:
         return True
 
-    def index(self, name: str) -> Mapping[str, Any]:
-        return self._mutations.index(name) if name == OUR_INDEX else self._base.index(name)
-
     def group(self, name: str, key: str) -> Mapping[str, Any]:
-        return self._mutations.group(name, key) if name == OUR_INDEX else self._base.group(name, key)
-
-    def synced(self, name: str) -> bool:
-        return True if name == OUR_INDEX else self._base.synced(name)
+        return self.mutations.group(name, key) if name == OUR_INDEX else self.base.group(name, key)
 
 
 def is_mutation_document(doc: Any) -> bool:

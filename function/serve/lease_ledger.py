@@ -27,8 +27,8 @@ from function.core.config import Config
 from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
 from function.core.leases import CHARGED_PODS
-from function.core.mutators.gpu_leases import LeaseView, LedgerCharge, ledger_charge
-from function.core.view import ClusterView
+from function.core.mutators.gpu_leases import LEDGER_INDEX, LedgerCharge, ledger_charge
+from function.core.view import ClusterView, Overlay
 from function.serve.spot_ledger import DecisionTurns, WriteMarks
 
 
@@ -158,6 +158,6 @@ def with_lease_ledger(
         if turns is not None:
             turns.begin()
         entries = ledger.snapshot() if ledger is not None else {}
-        return LeaseView(snapshot(), now(), entries)
+        return Overlay(snapshot(), {LEDGER_INDEX: entries}, now=now())
 
     return view

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
+from datetime import datetime
 from itertools import count
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
@@ -157,9 +158,9 @@ class RemoteIndex(Mapping[str, Any]):
 class RemoteView:
     """The ClusterView of one large review: the worker's snapshot, read through the pipe."""
 
-    def __init__(self, available: bool, now: Any) -> None:
+    def __init__(self, available: bool, now: datetime | None) -> None:
         self._available = available
-        self.now = now  # GPU leases read the snapshot's time (function/core/mutators/gpu_leases.py)
+        self._now = now
         self._groups: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._synced: dict[str, bool] = {}
 
@@ -188,24 +189,24 @@ class RemoteView:
             found = self._synced[name] = bool(_ask("synced", name))
         return found
 
-
-class RemoteTallyView(RemoteView):
-    """A RemoteView of a snapshot that keeps per-group sums (``View.tally``)."""
-
     def tally(self, name: str, key: str) -> tuple[int, ...]:
         answer: tuple[int, ...] = _ask("tally", name, key)
         return answer
+
+    @property
+    def now(self) -> datetime | None:
+        return self._now
 
 
 def _current_view() -> ClusterView:
     global _review_mark
     if _view_pipe is None:
         return EMPTY_VIEW
-    available, has_tally, now, mark = _ask("begin")
+    available, now, mark = _ask("begin")
     _review_mark = mark
     if available is None:
         return EMPTY_VIEW  # the worker has no snapshot for this review
-    return (RemoteTallyView if has_tally else RemoteView)(available, now)
+    return RemoteView(available, now)
 
 
 def _start_child(config: Config, view_pipe: Connection | None = None) -> None:
@@ -421,15 +422,15 @@ class ViewServer:
             except (OSError, ValueError):
                 return
 
-    def begin(self, token: int) -> tuple[bool | None, bool, Any, int | None]:
-        """(available, keeps tallies, the snapshot's time, its ledger mark) of the snapshot taken
-        now for review ``token``; (None, False, None, None) when it has none."""
+    def begin(self, token: int) -> tuple[bool | None, datetime | None, int | None]:
+        """(available, the snapshot's time, its ledger mark) of the snapshot taken now for review
+        ``token``; (None, None, None) when it has none."""
         source = self._sources.get(token)
         if source is None:
-            return None, False, None, None
+            return None, None, None
         mark = ledger_mark()  # before the snapshot: a write it misses is numbered after the mark
         view = self._snapshots[token] = source()
-        return view.available, callable(getattr(view, "tally", None)), getattr(view, "now", None), mark
+        return view.available, view.now, mark
 
     def answer(self, view: ClusterView | None, question: str, *args: Any) -> Any:
         if view is None:
@@ -455,5 +456,5 @@ class ViewServer:
             return view.synced(name)
         if question == "tally":
             name, key = args
-            return view.tally(name, key)  # type: ignore[attr-defined]
+            return view.tally(name, key)
         raise LookupError(f"unknown question {question!r}")

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from function.admission.facts import AuditFacts
@@ -32,7 +31,7 @@ from function.core.configtypes import MutatorMode
 from function.core.engine import Decision
 from function.core.placement import DECISION_ANNOTATION, LEDGER_INDEX, LedgerEntry, Placement, placement_of
 from function.core.pod import controller_of, metadata_of
-from function.core.view import MUTATION_GROUP_ANNOTATION, ClusterView
+from function.core.view import MUTATION_GROUP_ANNOTATION, ClusterView, Overlay
 
 log = logging.getLogger("castslice.spot")
 
@@ -157,27 +156,6 @@ class DecisionLedger:
             return result
 
 
-@dataclass(frozen=True)
-class ViewWithLedger:
-    """A cluster view plus the ledger's entries as the ``spot-ledger`` index (read-only)."""
-
-    view: ClusterView
-    ledger: Mapping[str, tuple[LedgerEntry, ...]]
-
-    @property
-    def available(self) -> bool:
-        return self.view.available
-
-    def index(self, name: str) -> Mapping[str, Any]:
-        return self.ledger if name == LEDGER_INDEX else self.view.index(name)
-
-    def group(self, name: str, key: str) -> Mapping[str, Any]:
-        return self.view.group(name, key)
-
-    def synced(self, name: str) -> bool:
-        return True if name == LEDGER_INDEX else self.view.synced(name)
-
-
 class DecisionTurns:
     """One review at a time from taking the snapshot to recording the decision, in this process.
 
@@ -252,6 +230,6 @@ def with_ledger(
     def view() -> ClusterView:
         if turns is not None:
             turns.begin()
-        return ViewWithLedger(snapshot(), ledger.snapshot())
+        return Overlay(snapshot(), {LEDGER_INDEX: ledger.snapshot()})
 
     return view

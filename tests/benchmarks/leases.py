@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from function.core.leases import CHARGED_PODS, LEASES, slim_lease  # noqa: E402
-from function.core.view import IndexState, View  # noqa: E402
+from function.core.view import IndexState, Overlay, View  # noqa: E402
 
 LEASE_COUNT = 100
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -202,7 +202,7 @@ def shipped_configuration(leases: bool) -> Any:
 def measure(pods: int, reviews: int) -> dict[str, Any]:
     from function.admission.wire import parse_review
     from function.core.mutators.base import RequestContext
-    from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView
+    from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig
     from function.serve.app import build_webhook
     from function.serve.lease_ledger import LeaseLedger, with_lease_ledger
     from function.serve.spot_ledger import DecisionTurns
@@ -250,7 +250,7 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
 
     mutator = GpuLeases(GpuLeasesConfig(enabled=True))
     pod = json.loads(body)["request"]["object"]
-    lease_view = LeaseView(view, NOW)
+    lease_view = Overlay(view, now=NOW)
     ctx = RequestContext(uid="bench", namespace="team-042", cluster=lease_view)
 
     def decision() -> None:  # the lease decision alone: choose the lease, read its sums, judge

@@ -17,8 +17,7 @@ from function.core.drift import UNCHARGED, Tally, findings, judge
 from function.core.engine import Engine
 from function.core.leases import CHARGED_PODS, LEASES, slim_charged_pod, slim_lease
 from function.core.mutators.base import RequestContext
-from function.core.mutators.gpu_leases import LeaseView
-from function.core.view import PODS, StaticView, slim_pod
+from function.core.view import PODS, Overlay, StaticView, slim_pod
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 CONFIG = parse_config({"gpuSlicing": {"enabled": False}, "gpuLeases": {"enabled": True}})
@@ -70,7 +69,7 @@ def admitted(pod: dict[str, Any], leases: list[dict[str, Any]], pods: list[dict[
     context = RequestContext(
         uid=f"admission-{pod['metadata']['name']}",
         namespace=pod["metadata"]["namespace"],
-        cluster=LeaseView(view(leases, pods), NOW),
+        cluster=Overlay(view(leases, pods), now=NOW),
     )
     decision = ENGINE.decide(copy.deepcopy(pod), context)
     assert decision.outcome == "mutated", decision.reason

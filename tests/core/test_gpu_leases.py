@@ -25,8 +25,8 @@ from function.core.leases import (
     slim_required_namespace,
 )
 from function.core.mutators.base import Action, RequestContext
-from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig, LeaseView, LedgerCharge
-from function.core.view import IndexState, StaticView, View
+from function.core.mutators.gpu_leases import LEDGER_INDEX, GpuLeases, GpuLeasesConfig, LedgerCharge
+from function.core.view import IndexState, Overlay, StaticView, View
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
@@ -64,7 +64,7 @@ def charged(lease: str, milli: int, n: int, state: str = "charged", ns: str = "m
 
 def view(
     leases: list[dict[str, Any]], pods: list[dict[str, Any]] = (), now: datetime = NOW, ledger: Any = None
-) -> LeaseView:
+) -> Overlay:
     static = StaticView(
         {
             LEASES.index: {lease["metadata"]["uid"]: slim_lease(lease) for lease in leases},
@@ -72,7 +72,7 @@ def view(
         },
         specs=(LEASES, CHARGED_PODS),
     )
-    return LeaseView(static, now, ledger or {})
+    return Overlay(static, {LEDGER_INDEX: ledger or {}}, now=now)
 
 
 def pod(
@@ -97,7 +97,7 @@ def pod(
     }
 
 
-def decide(p: dict[str, Any], v: LeaseView, dry_run: bool = False, **config: Any) -> Any:
+def decide(p: dict[str, Any], v: Overlay, dry_run: bool = False, **config: Any) -> Any:
     mutator = GpuLeases(GpuLeasesConfig.model_validate({"enabled": True, **config}))
     ctx = RequestContext(uid="review-1", namespace="ml", dry_run=dry_run, cluster=v)
     return mutator.mutate(p, ctx)
@@ -219,23 +219,13 @@ def test_a_warning_when_the_lease_passes_80_percent() -> None:
 
 def test_the_view_not_ready_refuses_and_says_retry() -> None:
     static = StaticView({}, specs=(LEASES, CHARGED_PODS))
-    not_synced = LeaseView(_Unsynced(static), NOW)
+    not_synced = Overlay(_Unsynced(static), now=NOW)
     result = decide(pod(1), not_synced)
     assert result.action == Action.denied and "ViewNotReady" in result.reason and "retry" in result.reason
     assert decide(pod(1), not_synced, whenViewNotReady="admit").action == Action.unchanged
 
 
-class _Unsynced:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.available = True
-
-    def index(self, name: str) -> Any:
-        return self.inner.index(name)
-
-    def group(self, name: str, key: str) -> Any:
-        return self.inner.group(name, key)
-
+class _Unsynced(Overlay):
     def synced(self, name: str) -> bool:
         return False
 
@@ -355,7 +345,7 @@ def test_the_decision_reads_the_sums_the_view_keeps_and_never_walks_the_pods() -
             {CHARGED_PODS.key(p): slim_charged_pod(p) for p in pods}, CHARGED_PODS
         ),
     }
-    v = LeaseView(SumsOnly(indices), NOW)
+    v = Overlay(SumsOnly(indices), now=NOW)
     assert decide(pod(1), v).reason.startswith(
         "Charged: gpu lease h100 (NVIDIA-H100-80GB-HBM3): charged (7 of 8"
     )
@@ -366,12 +356,12 @@ def test_the_decision_reads_the_sums_the_view_keeps_and_never_walks_the_pods() -
     state = indices[CHARGED_PODS.index].put(
         CHARGED_PODS.key(eighth), slim_charged_pod(eighth), CHARGED_PODS.group_by, CHARGED_PODS.tally
     )
-    full = LeaseView(SumsOnly({**indices, CHARGED_PODS.index: state}), NOW)
+    full = Overlay(SumsOnly({**indices, CHARGED_PODS.index: state}), now=NOW)
     assert "8 of 8 GPU in use" in decide(pod(1), full).reason
 
 
 # -- no way around a lease --------------------------------------------------------------------------
-def required_view(leases: list[dict[str, Any]], pods: list[dict[str, Any]] = ()) -> LeaseView:
+def required_view(leases: list[dict[str, Any]], pods: list[dict[str, Any]] = ()) -> Overlay:
     """A view in which namespace ml carries castops.io/gpu-leases=required."""
     namespace = {"metadata": {"name": "ml", "uid": "ns-ml", "labels": {REQUIRED_LABEL: "required"}}}
     static = StaticView(
@@ -382,7 +372,7 @@ def required_view(leases: list[dict[str, Any]], pods: list[dict[str, Any]] = ())
         },
         specs=(LEASES, CHARGED_PODS, LEASE_NAMESPACES),
     )
-    return LeaseView(static, NOW)
+    return Overlay(static, now=NOW)
 
 
 def test_a_lease_required_namespace_without_a_lease_stays_closed() -> None:
@@ -412,7 +402,7 @@ def test_claims_of_a_known_template_are_charged_and_any_other_claim_is_refused_w
     tenant = {"name": "mine", "resourceClaimName": "eight-gpus"}
     mutator = GpuLeases(GpuLeasesConfig.model_validate({"enabled": True}), {"castslice-gpu-4-abcdef12": 500})
 
-    def run(p: dict[str, Any], v: LeaseView) -> Any:
+    def run(p: dict[str, Any], v: Overlay) -> Any:
         return mutator.mutate(p, RequestContext(uid="review-1", namespace="ml", cluster=v))
 
     p = claim_pod(ours)

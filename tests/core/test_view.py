@@ -16,6 +16,7 @@ from function.core.view import (
     PODS,
     REPLICASETS,
     IndexState,
+    Overlay,
     PodRecord,
     ReplicaSetRecord,
     StaticView,
@@ -257,3 +258,33 @@ def test_a_static_view_can_be_unavailable_and_says_what_it_holds() -> None:
     assert view.available is False
     assert repr(view) == "View(available=False, pods=2, replicasets=0)"
     assert repr(StaticView({})) == "View(available=True, )"
+
+
+def test_an_overlay_answers_as_its_base_but_for_its_indices_and_its_time() -> None:
+    """The one delegating view: the in-flight ledgers (and the command line's PodMutations) as
+    indices that read as synced, the snapshot's time, everything else the base's own."""
+    from datetime import UTC, datetime
+
+    from function.core.leases import CHARGED_PODS
+
+    charged = {
+        "metadata": {
+            "uid": "p1",
+            "name": "p1",
+            "namespace": "ml",
+            "labels": {"castops.io/gpu-lease": "h100"},
+            "annotations": {"castops.io/gpu-lease-charge": "1"},
+        }
+    }
+    base = StaticView({"pods": [pod("a", "rs")], CHARGED_PODS.index: [charged]}, (PODS, CHARGED_PODS))
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    view = Overlay(base, {"in-flight": {"rs": ("d-1",)}}, now=now)
+    assert view.index("in-flight") == {"rs": ("d-1",)} and view.synced("in-flight")
+    assert view.index("pods") is base.index("pods") and view.group("pods", "rs") is base.group("pods", "rs")
+    assert not view.synced("namespaces") and view.available
+    [lease_key] = base.index(CHARGED_PODS.index).values()
+    key = CHARGED_PODS.group_by(lease_key) if CHARGED_PODS.group_by else ""
+    assert view.tally(CHARGED_PODS.index, key) == base.tally(CHARGED_PODS.index, key) != ()
+    assert view.now == now and base.now is None
+    assert Overlay(view).now == now, "an overlay over an overlay keeps the time it was given"
+    assert Overlay(EMPTY_VIEW, {"in-flight": {}}).available is False

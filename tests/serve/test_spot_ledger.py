@@ -14,12 +14,11 @@ from function.core.config import parse_config
 from function.core.engine import Decision
 from function.core.mutators.spot import PODS_INDEX
 from function.core.placement import DECISION_ANNOTATION, LEDGER_INDEX, PLACEMENT_LABEL, LedgerEntry
-from function.core.view import EMPTY_VIEW, MUTATION_GROUP_ANNOTATION, StaticView
+from function.core.view import EMPTY_VIEW, MUTATION_GROUP_ANNOTATION, Overlay, StaticView
 from function.serve.spot_ledger import (
     DecisionLedger,
     DecisionTurns,
     LedgerRecorder,
-    ViewWithLedger,
     ledger_for,
     with_ledger,
 )
@@ -99,12 +98,12 @@ def test_concurrent_records_are_all_kept() -> None:
 
 def test_view_with_ledger_adds_the_index_and_delegates_the_rest() -> None:
     inner = StaticView({PODS_INDEX: siblings(spot=1, owner_uid="rs")})
-    view = ViewWithLedger(inner, {"rs": (LedgerEntry("a", "spot"),)})
+    view = Overlay(inner, {LEDGER_INDEX: {"rs": (LedgerEntry("a", "spot"),)}})
     assert view.available
     assert view.index(LEDGER_INDEX) == {"rs": (LedgerEntry("a", "spot"),)}
     assert len(view.index(PODS_INDEX)) == 1 and len(view.group(PODS_INDEX, "rs")) == 1
     assert view.synced(LEDGER_INDEX) and view.synced(PODS_INDEX) and not view.synced("namespaces")
-    assert not ViewWithLedger(EMPTY_VIEW, {}).available
+    assert not Overlay(EMPTY_VIEW, {LEDGER_INDEX: {}}).available
 
 
 # -- bounds and TTL edge, what an admitted Pod must carry, what the recorder hands on, the turns ---
@@ -170,7 +169,7 @@ def test_a_placed_pod_is_remembered_under_its_owner() -> None:
 def test_the_view_with_a_ledger_serves_every_other_index_from_the_view() -> None:
     view = StaticView({"pods": [], "replicasets": []})
     ledger = {"rs-1": (LedgerEntry("d-1", "spot"),)}
-    combined = ViewWithLedger(view, ledger)
+    combined = Overlay(view, {LEDGER_INDEX: ledger})
     assert combined.index(LEDGER_INDEX) == ledger
     assert combined.index("pods") is view.index("pods")
     assert combined.synced(LEDGER_INDEX) and combined.available
@@ -380,7 +379,7 @@ def test_the_same_thread_keeps_its_turn_and_a_second_end_is_harmless(
 
 
 def test_a_view_without_cluster_state_stays_unavailable() -> None:
-    assert ViewWithLedger(EMPTY_VIEW, {}).available is False
+    assert Overlay(EMPTY_VIEW, {LEDGER_INDEX: {}}).available is False
 
 
 def test_an_end_from_a_thread_without_the_turn_releases_nothing() -> None:
@@ -412,11 +411,11 @@ def test_with_ledger_adds_the_entries_and_takes_the_turn() -> None:
     ledger.record("rs-1", "d-1", "spot")
     turns = DecisionTurns(wait_seconds=0.01)
     combined = with_ledger(lambda: view, ledger, turns)()
-    assert isinstance(combined, ViewWithLedger)
-    assert combined.view is view and combined.index(LEDGER_INDEX) == {"rs-1": (LedgerEntry("d-1", "spot"),)}
+    assert isinstance(combined, Overlay)
+    assert combined.base is view and combined.index(LEDGER_INDEX) == {"rs-1": (LedgerEntry("d-1", "spot"),)}
     with pytest.raises(AssertionError):
         assert_turn_is_free(turns)  # the review holds it until its decision is recorded
     turns.end()
     assert_turn_is_free(turns)
     untimed = with_ledger(lambda: view, ledger)()
-    assert isinstance(untimed, ViewWithLedger) and untimed.view is view
+    assert isinstance(untimed, Overlay) and untimed.base is view

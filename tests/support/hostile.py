@@ -238,10 +238,9 @@ def podmutation_view(castai: bool = False) -> Any:
     """The PodMutations above, siblings of every owner in the recorded reviews (placed, grouped,
     terminating, unplaced) and recent decisions not yet in the view, as the served webhook sees them."""
     from function.core.mutators.pod_mutations import CASTAI_MUTATIONS, JOBS, OUR_MUTATIONS
-    from function.core.placement import LedgerEntry
+    from function.core.placement import LEDGER_INDEX, LedgerEntry
     from function.core.pod import Owner
-    from function.core.view import PODS, REPLICASETS, PodRecord, StaticView
-    from function.serve.spot_ledger import ViewWithLedger
+    from function.core.view import PODS, REPLICASETS, Overlay, PodRecord, StaticView
     from tests.support import mutation_records, review_names
 
     objects = podmutation_objects(castai)
@@ -283,7 +282,7 @@ def podmutation_view(castai: bool = False) -> Any:
         },
         specs=(PODS, REPLICASETS, JOBS, OUR_MUTATIONS, CASTAI_MUTATIONS),
     )
-    return ViewWithLedger(view, ledger)
+    return Overlay(view, {LEDGER_INDEX: ledger})
 
 
 ODD_TERMS: tuple[Any, ...] = (

@@ -8,10 +8,18 @@ from typing import Any
 
 from function.core.mutators.base import RequestContext
 from function.core.mutators.spot import NAMESPACES, NamespaceRecord, Spot, SpotConfig
-from function.core.placement import PLACEMENT_LABEL, LedgerEntry
+from function.core.placement import LEDGER_INDEX, PLACEMENT_LABEL, LedgerEntry
 from function.core.pod import Owner
-from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView, IndexState, PodRecord, View
-from function.serve.spot_ledger import ViewWithLedger
+from function.core.view import (
+    EMPTY_VIEW,
+    PODS,
+    REPLICASETS,
+    ClusterView,
+    IndexState,
+    Overlay,
+    PodRecord,
+    View,
+)
 
 RS_UID = "rs-uid-1"
 
@@ -87,7 +95,7 @@ def view_with(
             "namespaces": IndexState.build(namespace_records, NAMESPACES),
         }
     )
-    return ViewWithLedger(view, {owner_uid: ledger} if ledger else {})
+    return Overlay(view, {LEDGER_INDEX: {owner_uid: ledger} if ledger else {}})
 
 
 def spot_mutator(deny_invalid: bool = True, own_namespace: str = "castslice-system", **config: Any) -> Spot:

@@ -524,11 +524,7 @@ class LeaseReconciler:
 
     # -- counting --------------------------------------------------------------------------------
     def _usage(self, lease: Lease, view: ClusterView, pods: list[ChargedPod]) -> Usage:
-        tally = getattr(view, "tally", None)
-        usage = usage_from(tally(CHARGED_PODS.index, lease.charged_key)) if callable(tally) else Usage()
-        if not callable(tally):
-            for pod in pods:
-                usage = usage.plus(usage_from(tally_charge(pod)))
+        usage = usage_from(view.tally(CHARGED_PODS.index, lease.charged_key))
         states = {pod.uid: pod.state for pod in pods}
         for uid, (lease_key, charge) in list(self._ungated.items()):
             if lease_key != lease.key:
@@ -542,11 +538,7 @@ class LeaseReconciler:
 
     def _running(self, lease: Lease, view: ClusterView) -> int:
         """milli-GPU of the lease's Pods bound to a node (charged or admitted by Audit)."""
-        tally = getattr(view, "tally", None)
-        if callable(tally):
-            return usage_from(tally(BOUND_PODS.index, lease.charged_key)).used
-        bound = view.group(BOUND_PODS.index, lease.charged_key).values()
-        return sum(usage_from(tally_charge(pod)).used for pod in bound if isinstance(pod, ChargedPod))
+        return usage_from(view.tally(BOUND_PODS.index, lease.charged_key)).used
 
     def _forget_pods_gone(self, lease: Lease, pods: list[ChargedPod]) -> None:
         """Per-Pod memory of Pods of this lease no longer in the view (bounded by the Pods there)."""

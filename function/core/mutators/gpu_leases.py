@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -180,13 +180,7 @@ def lease_usage(view: ClusterView, lease_key: str, replacing: str = "") -> Usage
     """What the view counts against a lease (``Lease.charged_key``), plus this process's charges
     it does not show yet (the ledger, read before the view: an entry whose Pod the view shows
     is counted once, by the view), but the entry of decision ``replacing`` (the Pod judged)."""
-    tally = getattr(view, "tally", None)
-    if callable(tally):
-        usage = usage_from(tally(CHARGED_PODS.index, lease_key))
-    else:  # a view without sums (a test double): add the group up
-        usage = Usage()
-        for record in view.group(CHARGED_PODS.index, lease_key).values():
-            usage = usage.plus(usage_from(CHARGED_PODS.tally(record) if CHARGED_PODS.tally else ()))
+    usage = usage_from(view.tally(CHARGED_PODS.index, lease_key))
     entries = view.index(LEDGER_INDEX).get(lease_key, ())
     if not entries:
         return usage
@@ -209,12 +203,6 @@ def lease_required(view: ClusterView, namespace: str, require_everywhere: bool) 
     """Whether a GPU Pod in ``namespace`` needs a lease: ``requireLease``, or the namespace label
     (as the view shows it; the ValidatingAdmissionPolicy closes the namespace either way)."""
     return require_everywhere or namespace in view.index(LEASE_NAMESPACES.index)
-
-
-def now_of(view: ClusterView) -> datetime | None:
-    """The time of the snapshot: the edge (and the offline command) add it to the view."""
-    now = getattr(view, "now", None)
-    return now if isinstance(now, datetime) else None
 
 
 # -- the decision -------------------------------------------------------------------------------
@@ -320,7 +308,7 @@ class GpuLeases:
         if not view.available:
             return Verdict("ViewNotReady", "no cluster state: GPU leases not checked", charge=charge)
         namespace = ctx.namespace
-        now = now_of(view)
+        now = view.now
         if now is None or not (view.synced(LEASES.index) and view.synced(CHARGED_PODS.index)):
             admit = self.config.whenViewNotReady == "admit"
             return Verdict(
@@ -721,39 +709,3 @@ def ledger_charge(pod: Mapping[str, Any]) -> tuple[str, LedgerCharge] | None:
         parse_charge(annotations.get(CHARGE_ANNOTATION)),
         state if isinstance(state, str) else CHARGED,
     )
-
-
-@dataclass(frozen=True)
-class LeaseView:
-    """A view with the snapshot's time and this process's recent charges (index LEDGER_INDEX):
-    what the edge and the offline command hand the mutator."""
-
-    view: ClusterView
-    now: datetime
-    ledger: Mapping[str, tuple[LedgerCharge, ...]] = field(default_factory=dict)
-
-    @property
-    def available(self) -> bool:
-        return self.view.available
-
-    def index(self, name: str) -> Mapping[str, Any]:
-        return self.ledger if name == LEDGER_INDEX else self.view.index(name)
-
-    def group(self, name: str, key: str) -> Mapping[str, Any]:
-        return self.view.group(name, key)
-
-    def synced(self, name: str) -> bool:
-        return True if name == LEDGER_INDEX else self.view.synced(name)
-
-    def tally(self, name: str, key: str) -> tuple[int, ...]:
-        inner = getattr(self.view, "tally", None)
-        if callable(inner):
-            sums: tuple[int, ...] = inner(name, key)
-            return sums
-        spec_tally = CHARGED_PODS.tally if name == CHARGED_PODS.index else None
-        totals = [0, 0, 0, 0]
-        if spec_tally is not None:
-            for record in self.view.group(name, key).values():
-                for i, value in enumerate(spec_tally(record)):
-                    totals[i] += value
-        return tuple(totals)
