@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,9 +27,10 @@ from function.kube.watch import ClusterWatcher, Transport
 from function.logs import configure_logging
 from function.serve.draining import DRAINING
 from function.serve.http_api import HttpReply, WebhookHttp, problem
-from function.serve.lease_ledger import LeaseLedgerRecorder, lease_ledger_for, with_lease_ledger
+from function.serve.lease_ledger import lease_ledger_for
+from function.serve.ledger import DecisionTurns, LedgerRecorder, with_ledgers
 from function.serve.offload import LargeReviews
-from function.serve.spot_ledger import DecisionTurns, LedgerRecorder, ledger_for, with_ledger
+from function.serve.spot_ledger import ledger_for
 
 log = logging.getLogger("castslice.app")
 
@@ -91,27 +93,24 @@ def build_webhook_and_recorder(
         listener=lease_ledger.watched if lease_ledger is not None else None,
     )
     snapshot: Callable[[], ClusterView] = (lambda: EMPTY_VIEW) if watcher is None else watcher.snapshot
-    # Spot placement: this process's recent decisions join each snapshot until the view shows them.
-    # One review at a time from snapshot to record, so concurrent siblings see each other.
-    ledger = ledger_for(config)
-    turns = DecisionTurns() if ledger is not None or lease_ledger is not None else None
-    decisions: DecisionRecorder = recorder if ledger is None else LedgerRecorder(recorder, ledger, turns)
-    cluster = with_ledger(snapshot, ledger, turns)
+    # Spot placement and PodMutation groups: this process's recent decisions join each snapshot
+    # until the view shows them, as the lease charges do (function/serve/ledger.py). One review at
+    # a time from snapshot to record, so concurrent siblings see each other.
+    ledgers = tuple(kept for kept in (ledger_for(config), lease_ledger) if kept is not None)
+    turns = DecisionTurns() if ledgers else None
+    decisions: DecisionRecorder = LedgerRecorder(recorder, ledgers, turns) if ledgers else recorder
+    # GPU leases read the snapshot's time (the core reads no clock).
+    now: Callable[[], datetime] | None = (
+        (lambda: datetime.now(UTC)) if config.section("gpuLeases").enabled else None
+    )
+    cluster = with_ledgers(snapshot, ledgers, turns, now)
+    admission = Admission(engine, decisions, cluster=cluster)
     # What a large review decided in the child process reads (function/serve/offload.py): the same
     # snapshot and ledgers, without a turn (held across the child's decision, it would stop the
     # event loop's own reviews); its decision is checked against the ledgers when it is recorded.
-    unturned = with_ledger(snapshot, ledger)
-    if config.section("gpuLeases").enabled:
-        if lease_ledger is not None:
-            # The spot recorder (inner) ends the turn when there is one; else this one does.
-            decisions = LeaseLedgerRecorder(decisions, lease_ledger, turns if ledger is None else None)
-        cluster = with_lease_ledger(cluster, lease_ledger, turns if ledger is None else None)
-        unturned = with_lease_ledger(unturned, lease_ledger, None)
-    admission = Admission(engine, decisions, cluster=cluster)
-
-    written = tuple(kept for kept in (ledger, lease_ledger) if kept is not None)
+    unturned = with_ledgers(snapshot, ledgers, None, now)
     offload = (
-        LargeReviews(config, unturned if watcher is not None else None, written) if large_reviews else None
+        LargeReviews(config, unturned if watcher is not None else None, ledgers) if large_reviews else None
     )
 
     def ready() -> bool:

@@ -24,7 +24,7 @@ pickles, and the child sees exactly what the review would have seen on the event
 the child has read is kept while the worker's snapshot holds the very same index object (the view
 replaces an index when it changes), so the PodMutations are not sent again for every review.
 
-Decision turns (function/serve/spot_ledger.py ``DecisionTurns``) make one process's decisions
+Decision turns (function/serve/ledger.py ``DecisionTurns``) make one process's decisions
 happen one at a time from snapshot to record, so a lease is never over-charged by one process. A
 turn held across the child's decision would stop the event loop's own reviews; instead a large
 review's decision is checked when it is recorded, on the event loop: the snapshot carries a mark
@@ -60,7 +60,7 @@ from function.contract import LARGE_REVIEW_SECONDS
 from function.core.config import Config
 from function.core.engine import Decision, Engine
 from function.core.view import EMPTY_VIEW, ClusterView
-from function.serve.spot_ledger import ledger_mark
+from function.serve.ledger import ledger_mark
 
 if TYPE_CHECKING:
     from function.serve.http_api import HttpReply, WebhookHttp
@@ -262,7 +262,7 @@ def decide(path: str, body: bytes, token: int = 0) -> Outcome:
 
 # -- in the worker --------------------------------------------------------------------------------
 class Ledgers(Protocol):
-    """What a ledger tells a large review's check (function/serve/spot_ledger.py, lease_ledger.py)."""
+    """What a ledger tells a large review's check (function/serve/ledger.py)."""
 
     def written_since(self, pod: Mapping[str, Any] | None, mark: int) -> bool: ...
 

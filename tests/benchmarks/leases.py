@@ -204,8 +204,8 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
     from function.core.mutators.base import RequestContext
     from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig
     from function.serve.app import build_webhook
-    from function.serve.lease_ledger import LeaseLedger, with_lease_ledger
-    from function.serve.spot_ledger import DecisionTurns
+    from function.serve.lease_ledger import LeaseLedger
+    from function.serve.ledger import DecisionTurns, with_ledgers
 
     index, per_pod = held_index(pods)
     leases = IndexState.build(
@@ -215,7 +215,7 @@ def measure(pods: int, reviews: int) -> dict[str, Any]:
     environ = {"CASTSLICE_LOG_LEVEL": "WARNING"}
     with_leases = build_webhook(shipped_configuration(True), environ, watches=(), freeze_gc=False)
     ledger, turns = LeaseLedger(), DecisionTurns()
-    with_leases.admission.cluster = with_lease_ledger(lambda: view, ledger, turns)
+    with_leases.admission.cluster = with_ledgers(lambda: view, [ledger], turns, lambda: datetime.now(UTC))
     without = build_webhook(shipped_configuration(False), environ, watches=(), freeze_gc=False)
     without.admission.cluster = lambda: view  # the same view (PodMutations read it): only gpuLeases differs
     body, elsewhere = review_body("team-042"), review_body("no-lease-here")

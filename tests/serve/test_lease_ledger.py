@@ -16,8 +16,8 @@ from function.core.leases import CHARGED_PODS, LEASES, slim_lease
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import GpuLeases, GpuLeasesConfig
 from function.core.view import StaticView
-from function.serve.lease_ledger import LeaseLedger, with_lease_ledger
-from function.serve.spot_ledger import DecisionTurns
+from function.serve.lease_ledger import LeaseLedger
+from function.serve.ledger import DecisionTurns, with_ledgers
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -71,7 +71,7 @@ def test_one_process_never_charges_past_a_lease(count: int, pods: list[tuple[int
     mutator = GpuLeases(GpuLeasesConfig(enabled=True))
     ledger = LeaseLedger()
     view = lagging_view(count)
-    snapshot = with_lease_ledger(lambda: view, ledger, now=lambda: NOW)
+    snapshot = with_ledgers(lambda: view, [ledger], now=lambda: NOW)
     charged = sum(admit(mutator, ledger, snapshot, gpu_pod(n, g, s), n) for n, (g, s) in enumerate(pods))
     assert charged <= count * 1000
 
@@ -80,7 +80,7 @@ def test_concurrent_reviews_take_turns_and_stay_within_the_lease() -> None:
     mutator = GpuLeases(GpuLeasesConfig(enabled=True))
     ledger, turns = LeaseLedger(), DecisionTurns(wait_seconds=5)
     view = lagging_view(8)
-    snapshot = with_lease_ledger(lambda: view, ledger, turns, now=lambda: NOW)
+    snapshot = with_ledgers(lambda: view, [ledger], turns, now=lambda: NOW)
     charged: list[int] = []
 
     def review(n: int) -> None:
@@ -128,8 +128,8 @@ def test_a_charge_leaves_the_ledger_when_the_watch_delivers_its_pod_even_if_alre
     from function.core.mutators.gpu_leases import LedgerCharge
 
     ledger = LeaseLedger()
-    ledger.record("ml/h100", LedgerCharge("d1", 1000, "charged"))
-    ledger.record("ml/h100", LedgerCharge("d2", 1000, "charged"))
+    ledger.add("ml/h100", LedgerCharge("d1", 1000, "charged"))
+    ledger.add("ml/h100", LedgerCharge("d2", 1000, "charged"))
     pod = slim_charged_pod(
         {
             "metadata": {

@@ -359,7 +359,8 @@ def test_a_large_review_not_decided_in_time_is_refused_saying_why(on_internal_er
 def test_the_ledgers_know_which_keys_were_written_after_a_mark_even_once_the_entry_left() -> None:
     from function.core.mutators.gpu_leases import LedgerCharge
     from function.serve.lease_ledger import LeaseLedger
-    from function.serve.spot_ledger import DecisionLedger, ledger_mark
+    from function.serve.ledger import ledger_mark
+    from function.serve.spot_ledger import DecisionLedger
 
     def charged(lease: str) -> dict[str, Any]:
         from function.core.leases import CHARGE_ANNOTATION, DECISION_ANNOTATION, LEASE_LABEL
@@ -369,7 +370,7 @@ def test_the_ledgers_know_which_keys_were_written_after_a_mark_even_once_the_ent
 
     leases = LeaseLedger()
     before = ledger_mark()
-    leases.record("ml/a100", LedgerCharge("uid-a100", 1, "charged"))  # type: ignore[arg-type]
+    leases.add("ml/a100", LedgerCharge("uid-a100", 1, "charged"))  # type: ignore[arg-type]
     after = ledger_mark()
     assert leases.written_since(charged("a100"), before)
     assert not leases.written_since(charged("a100"), after)
@@ -382,5 +383,5 @@ def test_the_ledgers_know_which_keys_were_written_after_a_mark_even_once_the_ent
     mark = ledger_mark()
     pod = {"metadata": {"ownerReferences": [{"controller": True, "uid": "rs-1", "kind": "ReplicaSet"}]}}
     assert not owners.written_since(pod, mark)
-    owners.record("rs-1", "decision-1", "spot")
+    owners.record_decision("rs-1", "decision-1", "spot")
     assert owners.written_since(pod, mark)

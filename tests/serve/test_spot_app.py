@@ -113,7 +113,7 @@ def test_concurrent_reviews_of_siblings_take_turns_and_stay_at_the_floor(api: Fa
 def test_turns_survive_a_review_that_never_records() -> None:
     import threading
 
-    from function.serve.spot_ledger import DecisionTurns
+    from function.serve.ledger import DecisionTurns
 
     turns = DecisionTurns(wait_seconds=0.05)
     turns.begin()

@@ -15,13 +15,8 @@ from function.core.engine import Decision
 from function.core.mutators.spot import PODS_INDEX
 from function.core.placement import DECISION_ANNOTATION, LEDGER_INDEX, PLACEMENT_LABEL, LedgerEntry
 from function.core.view import EMPTY_VIEW, MUTATION_GROUP_ANNOTATION, Overlay, StaticView
-from function.serve.spot_ledger import (
-    DecisionLedger,
-    DecisionTurns,
-    LedgerRecorder,
-    ledger_for,
-    with_ledger,
-)
+from function.serve.ledger import DecisionTurns, LedgerRecorder, with_ledgers
+from function.serve.spot_ledger import DecisionLedger, ledger_for
 from tests.support import mutation_records, pod_review
 from tests.support.spot import make_pod, owner, siblings
 
@@ -37,9 +32,9 @@ class Clock:
 def test_entries_expire_after_the_ttl() -> None:
     clock = Clock()
     ledger = DecisionLedger(ttl_seconds=10, clock=clock)
-    ledger.record("rs", "a", "spot")
+    ledger.record_decision("rs", "a", "spot")
     clock.now += 5
-    ledger.record("rs", "b", "on-demand")
+    ledger.record_decision("rs", "b", "on-demand")
     assert ledger.snapshot() == {"rs": (LedgerEntry("a", "spot"), LedgerEntry("b", "on-demand"))}
     clock.now += 6
     assert ledger.snapshot() == {"rs": (LedgerEntry("b", "on-demand"),)}
@@ -48,12 +43,12 @@ def test_entries_expire_after_the_ttl() -> None:
 
 
 def test_bounded_per_owner_and_in_owners() -> None:
-    ledger = DecisionLedger(max_per_owner=2, max_owners=2, clock=Clock())
+    ledger = DecisionLedger(max_per_key=2, max_keys=2, clock=Clock())
     for decision in "abc":
-        ledger.record("rs1", decision, "spot")
-    ledger.record("rs2", "x", "spot")
-    ledger.record("rs1", "d", "spot")  # rs1 becomes the most recent owner
-    ledger.record("rs3", "y", "spot")  # rs2 is the oldest: dropped
+        ledger.record_decision("rs1", decision, "spot")
+    ledger.record_decision("rs2", "x", "spot")
+    ledger.record_decision("rs1", "d", "spot")  # rs1 becomes the most recent owner
+    ledger.record_decision("rs3", "y", "spot")  # rs2 is the oldest: dropped
     snapshot = ledger.snapshot()
     assert set(snapshot) == {"rs1", "rs3"}
     assert [entry.decision for entry in snapshot["rs1"]] == ["c", "d"]
@@ -61,9 +56,9 @@ def test_bounded_per_owner_and_in_owners() -> None:
 
 def test_nothing_without_owner_decision_or_placement() -> None:
     ledger = DecisionLedger(clock=Clock())
-    ledger.record("", "a", "spot")
-    ledger.record("rs", "", "spot")
-    ledger.record("rs", "a", "maybe")
+    ledger.record_decision("", "a", "spot")
+    ledger.record_decision("rs", "", "spot")
+    ledger.record_decision("rs", "a", "maybe")
     assert ledger.snapshot() == {}
 
 
@@ -86,7 +81,7 @@ def test_concurrent_records_are_all_kept() -> None:
 
     def work(worker: int) -> None:
         for number in range(200):
-            ledger.record("rs", f"{worker}-{number}", "spot")
+            ledger.record_decision("rs", f"{worker}-{number}", "spot")
 
     threads = [threading.Thread(target=work, args=(worker,)) for worker in range(4)]
     for thread in threads:
@@ -123,7 +118,7 @@ def placed_pod(owner: str = "rs-1", decision: Any = "d-1", placement: str | None
 def test_an_entry_lives_exactly_the_default_60_seconds() -> None:
     clock = Clock()
     ledger = DecisionLedger(clock=clock)
-    ledger.record("rs-1", "d-1", "spot")
+    ledger.record_decision("rs-1", "d-1", "spot")
     clock.now += 60.0
     assert ledger.snapshot() == {"rs-1": (LedgerEntry("d-1", "spot"),)}
     clock.now += 0.001
@@ -133,11 +128,11 @@ def test_an_entry_lives_exactly_the_default_60_seconds() -> None:
 def test_the_default_bounds_keep_1024_per_owner_and_4096_owners() -> None:
     ledger = DecisionLedger(clock=Clock())
     for n in range(1025):
-        ledger.record("rs-1", f"d-{n}", "spot")
+        ledger.record_decision("rs-1", f"d-{n}", "spot")
     kept = ledger.snapshot()["rs-1"]
     assert len(kept) == 1024 and kept[0] == LedgerEntry("d-1", "spot")
     for n in range(4096):
-        ledger.record(f"other-{n}", "d", "on-demand")
+        ledger.record_decision(f"other-{n}", "d", "on-demand")
     owners = ledger.snapshot()
     assert len(owners) == 4096 and "rs-1" not in owners and "other-0" in owners
 
@@ -235,8 +230,8 @@ def test_a_burst_under_a_podmutation_distribution_is_split_exactly_in_one_proces
     recorder = Inner()
     admission = Admission(
         Engine(config),
-        LedgerRecorder(recorder, ledger, turns),
-        cluster=with_ledger(lambda: lagging, ledger, turns),
+        LedgerRecorder(recorder, [ledger], turns),
+        cluster=with_ledgers(lambda: lagging, [ledger], turns),
     )
 
     def admit(number: int) -> None:
@@ -297,7 +292,7 @@ def test_the_recorder_remembers_only_sent_patches_and_always_hands_on(
     ledger, inner, turns = DecisionLedger(clock=Clock()), Inner(), DecisionTurns(wait_seconds=0.05)
     facts = audit_facts(pod_review(dry_run=dry_run), made)
     turns.begin()
-    LedgerRecorder(inner, ledger, turns).record(facts, made)
+    LedgerRecorder(inner, [ledger], turns).record(facts, made)
     assert (ledger.snapshot() != {}) is remembered
     assert inner.got == [(facts, made)]
     assert_turn_is_free(turns)
@@ -311,7 +306,7 @@ def test_the_recorder_ends_the_turn_even_when_remembering_fails() -> None:
     turns = DecisionTurns(wait_seconds=0.05)
     turns.begin()
     with pytest.raises(RuntimeError):
-        LedgerRecorder(Inner(), Broken(), turns).record(audit_facts(pod_review()), decision())
+        LedgerRecorder(Inner(), [Broken()], turns).record(audit_facts(pod_review()), decision())
     assert_turn_is_free(turns)
 
 
@@ -405,17 +400,17 @@ def test_an_end_from_a_thread_without_the_turn_releases_nothing() -> None:
 
 def test_with_ledger_adds_the_entries_and_takes_the_turn() -> None:
     view = StaticView({"pods": []})
-    plain = with_ledger(lambda: view, None)
+    plain = with_ledgers(lambda: view, [])
     assert plain() is view
     ledger = DecisionLedger(clock=Clock())
-    ledger.record("rs-1", "d-1", "spot")
+    ledger.record_decision("rs-1", "d-1", "spot")
     turns = DecisionTurns(wait_seconds=0.01)
-    combined = with_ledger(lambda: view, ledger, turns)()
+    combined = with_ledgers(lambda: view, [ledger], turns)()
     assert isinstance(combined, Overlay)
     assert combined.base is view and combined.index(LEDGER_INDEX) == {"rs-1": (LedgerEntry("d-1", "spot"),)}
     with pytest.raises(AssertionError):
         assert_turn_is_free(turns)  # the review holds it until its decision is recorded
     turns.end()
     assert_turn_is_free(turns)
-    untimed = with_ledger(lambda: view, ledger)()
+    untimed = with_ledgers(lambda: view, [ledger])()
     assert isinstance(untimed, Overlay) and untimed.base is view
