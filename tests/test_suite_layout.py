@@ -5,7 +5,9 @@
   ``tests/e2e/launch.py``...), so that running, moving or deleting one test module never changes
   another, and pytest never collects a test twice under two names;
 - test modules are named for what they pin, never for how their tests were found (no
-  ``*_answers.py`` beside a module's tests, no ``*_mutants.py``).
+  ``*_answers.py`` beside a module's tests, no ``*_mutants.py``);
+- no module under ``tests/`` imports another module's private name (``_name``) from ``tests``:
+  what another part of the suite needs is that module's public API, or moves to a support module.
 """
 
 from __future__ import annotations
@@ -75,6 +77,56 @@ def test_no_module_of_the_suite_imports_a_test_module() -> None:
     assert len(paths) > 100  # the walk found the suite
     found = [breach for path in paths for breach in imports_of_test_modules(path.read_text("utf-8"), path)]
     assert found == []
+
+
+def private_imports_from_the_suite(source: str, path: Path) -> list[str]:
+    """How one module under tests/ imports a private name of another module of the suite."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    where = str(path.relative_to(ROOT))
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            module = ".".join([*base, node.module] if node.module else base)
+        else:
+            module = node.module or ""
+        if module.split(".")[0] != "tests":
+            continue
+        found += [
+            f"{where}:{node.lineno}: imports the private {alias.name} of {module}"
+            for alias in node.names
+            if alias.name.startswith("_") and not alias.name.startswith("__")
+        ]
+    return found
+
+
+def test_no_module_of_the_suite_imports_a_private_name_of_another() -> None:
+    found = [
+        breach
+        for path in suite_modules()
+        for breach in private_imports_from_the_suite(path.read_text("utf-8"), path)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ("from tests.e2e.controlplane import _Process\n", "_Process"),
+        ("from ..e2e.controlplane import ControlPlane, _CertFactory\n", "_CertFactory"),
+    ],
+)
+def test_a_private_name_imported_from_the_suite_is_named(source: str, caught: str) -> None:
+    [breach] = private_imports_from_the_suite(source, TESTS / "cluster" / "probe.py")
+    assert breach.startswith("tests/cluster/probe.py:") and f"imports the private {caught} " in breach
+
+
+def test_public_names_and_privates_of_the_code_under_test_may_be_imported() -> None:
+    source = "from tests.support.pki import CertFactory\nfrom function.core.engine import _internal\n"
+    assert private_imports_from_the_suite(source, TESTS / "cluster" / "probe.py") == []
 
 
 def test_no_test_module_is_named_for_how_its_tests_were_found() -> None:

@@ -31,8 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.controlplane import PREEXEC, find_binaries, free_port, kill_group, start_control_plane  # noqa: E402
+from tests.e2e.controlplane import find_binaries, start_control_plane  # noqa: E402
 from tests.support.manifests import KNATIVE_DIR, one, render  # noqa: E402
+from tests.support.processes import PREEXEC, free_port, kill_group  # noqa: E402
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 SYSTEM, TENANT = "bench-system", "bench"

@@ -45,15 +45,10 @@ from typing import Any, cast
 
 import yaml
 
-from tests.e2e.controlplane import (
-    ControlPlane,
-    ControlPlaneError,
-    _CertFactory,
-    _Process,
-    _write_kubeconfig,
-    find_binaries,
-    free_port,
-)
+from tests.e2e.controlplane import ControlPlane, ControlPlaneError, find_binaries
+from tests.support.kubeconfig import write_kubeconfig
+from tests.support.pki import CertFactory
+from tests.support.processes import Process, free_port
 
 ASSETS_ENV = "CASTSLICE_CLUSTER_ASSETS"
 REQUIRED_ENV = "CASTSLICE_CLUSTER_REQUIRED"
@@ -637,7 +632,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     logs = work / "logs"
     logs.mkdir()
     address = host_ip()
-    certs = _CertFactory(work / "certs")
+    certs = CertFactory(work / "certs")
     ca = certs.make_ca("castslice-node-ca")
     serving = certs.issue(
         "apiserver",
@@ -658,7 +653,8 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     host = f"https://{address}:{api_port}"
     kubeconfig = work / "admin.kubeconfig"
-    _write_kubeconfig(kubeconfig, host, ca.cert, admin, "castslice-node-admin")
+    credentials = {"client-certificate": str(admin.cert), "client-key": str(admin.key)}
+    write_kubeconfig(kubeconfig, host, "castslice-node-admin", credentials, ca.cert)
     etcd_data = work / "etcd"
     plane = ControlPlane(
         host=host,
@@ -670,15 +666,14 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
         etcd_url=etcd_url,
         workdir=work,
         binaries=dict(binaries),
-        _certs=certs,
+        certs=certs,
         nodes=(),
-        _dirs=[],
     )
     cluster.plane = plane
 
-    def run(process: _Process, stop_timeout: float = 10.0) -> _Process:
-        process.start()
-        plane._processes.append(process)
+    def run(process: Process, stop_timeout: float = 10.0) -> Process:
+        process.keep_env = KEEP_ENV  # its failure names the variable that keeps this work dir
+        plane.run(process)
         cluster._stoppers.append(lambda: process.stop(stop_timeout))
         return process
 
@@ -689,7 +684,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
         f"# the node's pods resolve through CoreDNS ({DNS_SERVICE_IP})\nsearch {CLUSTER_DOMAIN}\n"
     )
     run(
-        _Process(
+        Process(
             "etcd",
             [
                 str(binaries["etcd"]),
@@ -708,7 +703,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
             logs / "etcd.log",
         )
     )
-    plane._wait(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd", "etcd")
+    plane.wait_until(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd", "etcd")
     apiserver_args = [
         str(binaries["kube-apiserver"]),
         f"--advertise-address={address}",
@@ -733,7 +728,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     # Its own mount namespace, with the cluster's hosts file over /etc/hosts.
     hosts = cluster.hosts_file
     run(
-        _Process(
+        Process(
             "kube-apiserver",
             [
                 "unshare",
@@ -749,9 +744,10 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
             logs / "kube-apiserver.log",
         )
     )
-    plane._wait(lambda: plane.get("/readyz")[0] == 200, timeout, "kube-apiserver /readyz", "kube-apiserver")
+    ready = lambda: plane.get("/readyz")[0] == 200  # noqa: E731
+    plane.wait_until(ready, timeout, "kube-apiserver /readyz", "kube-apiserver")
     run(
-        _Process(
+        Process(
             "kube-controller-manager",
             [
                 str(binaries["kube-controller-manager"]),
@@ -770,7 +766,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
         )
     )
     run(
-        _Process(
+        Process(
             "kube-scheduler",
             [
                 str(binaries["kube-scheduler"]),
@@ -788,7 +784,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     (work / "cni" / "10-castslice-node.conflist").write_text(json.dumps(_cni_config(work), indent=2))
     (work / "containerd.toml").write_text(_containerd_config(assets, work))
     containerd = run(
-        _Process(
+        Process(
             "containerd",
             [
                 str(assets.debian / "usr/bin/containerd"),
@@ -800,7 +796,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
         ),
         stop_timeout=20,
     )
-    plane._wait(lambda: cluster.containerd_socket.exists(), timeout, "containerd", "containerd")
+    plane.wait_until(lambda: cluster.containerd_socket.exists(), timeout, "containerd", "containerd")
     del containerd
     for archive in sorted((assets.root / "images").glob("*.tar")):
         cluster.load_image(archive)
@@ -809,7 +805,7 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     kubelet_port, kubelet_healthz = free_port(), free_port()
     (work / "kubelet.yaml").write_text(yaml.safe_dump(_kubelet_config(work, kubelet_port, kubelet_healthz)))
     run(
-        _Process(
+        Process(
             "kubelet",
             [
                 str(assets.bin("kubelet")),
@@ -828,21 +824,21 @@ def _start(cluster: RealCluster, binaries: dict[str, Path], timeout: float, dns:
     )
     # Before the kubelet stops: the cluster's Pods go (their sandboxes, netns, mounts, cgroups).
     cluster._stoppers.append(lambda: _delete_all_pods(cluster))
-    plane._wait(lambda: _node_ready(plane), timeout, f"Node {NODE_NAME} Ready", "kubelet")
+    plane.wait_until(lambda: _node_ready(plane), timeout, f"Node {NODE_NAME} Ready", "kubelet")
 
     # kube-proxy; its rules are removed by --cleanup after it stops (restore()).
     proxy_config = work / "kube-proxy.yaml"
     proxy_config.write_text(yaml.safe_dump(_kube_proxy_config(kubeconfig, free_port(), free_port())))
 
     run(
-        _Process(
+        Process(
             "kube-proxy",
             [str(assets.bin("kube-proxy")), f"--config={proxy_config}", "--v=1"],
             logs / "kube-proxy.log",
             env=cluster.tools_env,
         )
     )
-    plane._wait(
+    plane.wait_until(
         lambda: "KUBE-SERVICES" in _run("iptables-save", "-t", "nat", env=cluster.tools_env),
         timeout,
         "kube-proxy's rules",
@@ -877,7 +873,7 @@ def _delete_all_pods(cluster: RealCluster) -> None:
     plane = cluster.plane
     for name in ("kube-controller-manager", "kube-scheduler"):
         with contextlib.suppress(StopIteration):
-            plane._process(name).stop()
+            plane.process(name).stop()
     cluster.kubectl(
         "delete", "pods", "--all-namespaces", "--all", "--grace-period=1", "--wait=false", check=False
     )

@@ -243,7 +243,7 @@ def test_castslice_doctor_is_green_against_the_install(
     """From where the apiserver calls the webhook: doctor runs in the apiserver's mount namespace,
     so it resolves the route host through the same hosts file."""
     cluster, _, _ = route
-    apiserver = cluster.plane._process("kube-apiserver").popen
+    apiserver = cluster.plane.process("kube-apiserver").popen
     assert apiserver is not None
     done = subprocess.run(
         ["nsenter", "--mount", f"--target={apiserver.pid}", CASTSLICE, "doctor",

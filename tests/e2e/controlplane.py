@@ -37,16 +37,10 @@ logs after the session, its path is printed).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import datetime
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -59,6 +53,8 @@ from typing import Any
 import pytest
 
 from tests.support.kubeconfig import write_kubeconfig
+from tests.support.pki import CertFactory, CertKey
+from tests.support.processes import Process, free_port
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 REQUIRED_ENV = "CASTSLICE_E2E_REQUIRED"
@@ -77,7 +73,6 @@ BINARIES = {
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "castslice-e2e-admin"
-LOG_TAIL_LINES = 40
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 # Pod and Node addresses kwok writes into status: loopback, so that nothing
 # ever tries to reach a made-up address off this machine.
@@ -250,293 +245,6 @@ def _missing_message(missing: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------
-# certificates (the `cryptography` package, a test dependency)
-
-
-@dataclass(frozen=True)
-class CertKey:
-    cert: Path
-    key: Path
-
-
-class _CertFactory:
-    """Writes PEM certificates and keys into a directory (with `cryptography`)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.ca: CertKey | None = None
-        self._ca_objs: tuple[Any, Any] | None = None
-
-    # -- public API
-    def make_ca(self, common_name: str = "castslice-e2e-ca") -> CertKey:
-        self.ca = self._make_ca(common_name)
-        return self.ca
-
-    def issue(
-        self,
-        name: str,
-        common_name: str,
-        organizations: Sequence[str] = (),
-        dns_names: Sequence[str] = (),
-        ip_addresses: Sequence[str] = (),
-        server: bool = False,
-        client: bool = False,
-    ) -> CertKey:
-        """Issue a certificate signed by the CA, written to <name>.crt/.key."""
-        if self._ca_objs is None:
-            raise ControlPlaneError("make_ca() first")
-        return self._issue(
-            name,
-            common_name,
-            list(organizations),
-            list(dns_names),
-            list(ip_addresses),
-            server,
-            client,
-        )
-
-    def rsa_keypair(self, name: str) -> tuple[Path, Path]:
-        """An RSA key pair: (<name>.key private PEM, <name>.pub public PEM)."""
-        return self._keypair(name)
-
-    # -- implementation
-    def _write_key(self, path: Path, key: Any) -> None:
-        from cryptography.hazmat.primitives import serialization
-
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.TraditionalOpenSSL,
-                serialization.NoEncryption(),
-            )
-        )
-        path.chmod(0o600)
-
-    @staticmethod
-    def _new_rsa() -> Any:
-        from cryptography.hazmat.primitives.asymmetric import rsa
-
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    def _builder(self, subject: Any, issuer: Any, public_key: Any) -> Any:
-        from cryptography import x509
-
-        now = datetime.datetime.now(datetime.UTC)
-        return (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=2))
-        )
-
-    def _make_ca(self, common_name: str) -> CertKey:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.x509.oid import NameOID
-
-        key = self._new_rsa()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        cert = (
-            self._builder(name, name, key.public_key())
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        out = CertKey(self.dir / "ca.crt", self.dir / "ca.key")
-        out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        self._write_key(out.key, key)
-        self._ca_objs = (cert, key)
-        return out
-
-    def _issue(
-        self,
-        name: str,
-        common_name: str,
-        orgs: list[str],
-        dns: list[str],
-        ips: list[str],
-        server: bool,
-        client: bool,
-    ) -> CertKey:
-        import ipaddress
-
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-        assert self._ca_objs is not None
-        ca_cert, ca_key = self._ca_objs
-        key = self._new_rsa()
-        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            self._builder(x509.Name(attrs), ca_cert.subject, key.public_key())
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=True,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                critical=False,
-            )
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        out = CertKey(self.dir / f"{name}.crt", self.dir / f"{name}.key")
-        out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        self._write_key(out.key, key)
-        return out
-
-    def _keypair(self, name: str) -> tuple[Path, Path]:
-        from cryptography.hazmat.primitives import serialization
-
-        key = self._new_rsa()
-        priv, pub = self.dir / f"{name}.key", self.dir / f"{name}.pub"
-        self._write_key(priv, key)
-        pub.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM,
-                serialization.PublicFormat.SubjectPublicKeyInfo,
-            )
-        )
-        return priv, pub
-
-
-# ---------------------------------------------------------------------------
-# processes
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _pdeathsig_setter(sig: signal.Signals) -> Callable[[], None] | None:
-    """A preexec_fn making the child get ``sig`` when the test process dies
-    (Linux prctl(PR_SET_PDEATHSIG)), so a killed pytest leaves no apiserver
-    behind. Resolved in the parent: the child only calls into libc."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def setter() -> None:
-        prctl(pr_set_pdeathsig, sig)
-
-    return setter
-
-
-# SIGTERM for servers that stop their own children (gunicorn and its workers); SIGKILL for the
-# cluster: on SIGTERM all at once, kube-apiserver's graceful shutdown waits for the etcd that
-# just went away and never ends. Nothing of a throwaway cluster needs a graceful end.
-PREEXEC = _pdeathsig_setter(signal.SIGTERM)
-PREEXEC_KILL = _pdeathsig_setter(signal.SIGKILL)
-
-
-def kill_group(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """Stop a child started with ``start_new_session=True`` and everything in
-    its process group: SIGTERM, then SIGKILL after ``timeout``."""
-
-    def signal_group(sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, sig)
-
-    if popen.poll() is None:
-        signal_group(signal.SIGTERM)
-        try:
-            popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            signal_group(signal.SIGKILL)
-            popen.wait(timeout)
-    # Whatever the leader left behind in its group (helpers, workers).
-    signal_group(signal.SIGKILL)
-
-
-@dataclass
-class _Process:
-    name: str
-    args: list[str]
-    log: Path
-    env: dict[str, str] | None = None
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as logf:
-            self.popen = subprocess.Popen(
-                self.args,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=PREEXEC_KILL,
-            )
-
-    def exited(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.popen is not None:
-            kill_group(self.popen, timeout)
-
-    def describe_failure(self, what: str) -> str:
-        rc = self.exited()
-        state = f"exited with code {rc}" if rc is not None else "still running"
-        where = (
-            f"log {self.log}" if os.environ.get(KEEP_ENV) == "1" else (f"set {KEEP_ENV}=1 to keep its log")
-        )
-        return f"{what} ({self.name} {state}; {where}); last {LOG_TAIL_LINES} log lines:\n{_tail(self.log)}"
-
-
-# ---------------------------------------------------------------------------
 # the control plane
 
 
@@ -567,9 +275,9 @@ class ControlPlane:
     etcd_url: str
     workdir: Path
     binaries: dict[str, Path]
-    _certs: _CertFactory = field(repr=False)
+    certs: CertFactory = field(repr=False)
     nodes: tuple[FakeNode, ...] = FLEET
-    _processes: list[_Process] = field(repr=False, default_factory=list)
+    _processes: list[Process] = field(repr=False, default_factory=list)
     _dirs: list[Path] = field(repr=False, default_factory=list)
 
     @property
@@ -615,9 +323,9 @@ class ControlPlane:
         """Issue a certificate signed by ``ca_cert`` into ``workdir/certs``
         (e.g. a webhook serving cert for 127.0.0.1; its caBundle is
         ``ca_cert``'s content). ``name`` must be new in that directory."""
-        if (self._certs.dir / f"{name}.crt").exists() or (self._certs.dir / f"{name}.key").exists():
-            raise ValueError(f"a certificate named {name!r} already exists in {self._certs.dir}")
-        return self._certs.issue(
+        if (self.certs.dir / f"{name}.crt").exists() or (self.certs.dir / f"{name}.key").exists():
+            raise ValueError(f"a certificate named {name!r} already exists in {self.certs.dir}")
+        return self.certs.issue(
             name,
             common_name,
             organizations=organizations,
@@ -652,7 +360,7 @@ class ControlPlane:
         ``default`` in every namespace; ServiceAccount admission rejects Pods
         before). Since 1.24 there is no token Secret to wait for."""
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
-        self._wait(
+        self.wait_until(
             lambda: self.get(path)[0] == 200,
             timeout,
             f"ServiceAccount {namespace}/{name}",
@@ -723,10 +431,17 @@ class ControlPlane:
                 )
             time.sleep(0.2)
 
-    def _process(self, name: str) -> _Process:
+    def run(self, process: Process) -> Process:
+        """Start ``process`` as one of this cluster's: its health is checked while waiting
+        (``wait_until``), and ``stop`` stops it."""
+        process.start()
+        self._processes.append(process)
+        return process
+
+    def process(self, name: str) -> Process:
         return next(p for p in self._processes if p.name == name)
 
-    def _wait(self, check: Callable[[], bool], timeout: float, what: str, blame: str) -> None:
+    def wait_until(self, check: Callable[[], bool], timeout: float, what: str, blame: str) -> None:
         deadline = time.monotonic() + timeout
         last_error = ""
         while True:
@@ -740,7 +455,7 @@ class ControlPlane:
                 last_error = f" (last error: {e})"
             if time.monotonic() > deadline:
                 raise ControlPlaneError(
-                    self._process(blame).describe_failure(
+                    self.process(blame).describe_failure(
                         f"timed out after {timeout:.0f}s waiting for {what}{last_error}"
                     )
                 )
@@ -805,7 +520,7 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
     logs = workdir / "logs"
     logs.mkdir()
 
-    certs = _CertFactory(workdir / "certs")
+    certs = CertFactory(workdir / "certs")
     ca = certs.make_ca()
     serving = certs.issue(
         "apiserver",
@@ -851,12 +566,12 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         etcd_url=etcd_url,
         workdir=workdir,
         binaries=dict(binaries),
-        _certs=certs,
+        certs=certs,
         _dirs=[workdir, etcd_data],
     )
     etcd_peer = f"http://127.0.0.1:{etcd_peer_port}"
     kwok_selector = "=".join(KWOK_NODE_ANNOTATION)
-    etcd = _Process(
+    etcd = Process(
         "etcd",
         [
             str(binaries["etcd"]),
@@ -874,7 +589,7 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         ],
         logs / "etcd.log",
     )
-    apiserver = _Process(
+    apiserver = Process(
         "kube-apiserver",
         [
             str(binaries["kube-apiserver"]),
@@ -902,7 +617,7 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         ],
         logs / "kube-apiserver.log",
     )
-    controller_manager = _Process(
+    controller_manager = Process(
         "kube-controller-manager",
         [
             str(binaries["kube-controller-manager"]),
@@ -919,7 +634,7 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         ],
         logs / "kube-controller-manager.log",
     )
-    scheduler = _Process(
+    scheduler = Process(
         "kube-scheduler",
         [
             str(binaries["kube-scheduler"]),
@@ -930,7 +645,7 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         ],
         logs / "kube-scheduler.log",
     )
-    kwok = _Process(
+    kwok = Process(
         "kwok",
         [
             str(binaries["kwok"]),
@@ -947,20 +662,17 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
         env={**os.environ, "HOME": str(kwok_home)},
     )
 
-    def start(p: _Process) -> None:
-        p.start()
-        cp._processes.append(p)
-
     try:
-        start(etcd)
-        cp._wait(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd /health", "etcd")
-        start(apiserver)
-        cp._wait(lambda: cp.get("/readyz")[0] == 200, timeout, "kube-apiserver /readyz", "kube-apiserver")
+        cp.run(etcd)
+        cp.wait_until(lambda: _http_ok(f"{etcd_url}/health"), timeout, "etcd /health", "etcd")
+        cp.run(apiserver)
+        ready = lambda: cp.get("/readyz")[0] == 200  # noqa: E731
+        cp.wait_until(ready, timeout, "kube-apiserver /readyz", "kube-apiserver")
         for p in (controller_manager, scheduler, kwok):
-            start(p)
+            cp.run(p)
         _create_fleet(cp)
         cp.wait_for_service_account("default", timeout=timeout)
-        cp._wait(cp._fleet_ready, timeout, "the fake Nodes to be Ready (kwok)", "kwok")
+        cp.wait_until(cp._fleet_ready, timeout, "the fake Nodes to be Ready (kwok)", "kwok")
     except BaseException:
         cp.stop()
         raise

@@ -25,7 +25,9 @@ from typing import Any
 
 import yaml
 
-from .controlplane import PREEXEC, ControlPlane, free_port, kill_group
+from tests.support.processes import PREEXEC, free_port, kill_group
+
+from .controlplane import ControlPlane
 
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 READY_SECONDS = 60.0

@@ -28,7 +28,7 @@ def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> subpro
 
 def restart_apiserver(plane: ControlPlane) -> None:
     """Stop and start kube-apiserver (etcd keeps the state); back when /readyz answers 200."""
-    apiserver = plane._process("kube-apiserver")
+    apiserver = plane.process("kube-apiserver")
     apiserver.stop()
     apiserver.start()
     deadline = time.monotonic() + APISERVER_RESTART_SECONDS

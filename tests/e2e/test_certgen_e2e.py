@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import ControlPlane, free_port
+from tests.e2e.controlplane import ControlPlane
 from tests.e2e.identity import create, token_kubeconfig
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, start_event_sink
 from tests.support.manifests import KNATIVE_DIR, render_overlay
+from tests.support.processes import free_port
 
 NAMESPACE = "castslice-system"
 SECRET = "castslice-serving-tls"

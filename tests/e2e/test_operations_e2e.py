@@ -31,8 +31,9 @@ import yaml
 
 from function.contract import SHUTDOWN_DRAIN_SECONDS
 from tests.support.manifests import KNATIVE_DIR, one, render
+from tests.support.processes import kill_group
 
-from .controlplane import ControlPlane, kill_group
+from .controlplane import ControlPlane
 from .identity import delete_created, service_account_kubeconfig
 from .launch import EventLog, ServedController, ServedWebhook, ServiceProxy, pointed_at, start_event_sink
 from .support import restart_apiserver
