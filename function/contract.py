@@ -118,10 +118,16 @@ LEASE_STEPS: Final = (
     "EvictionBlocked",
     "FinalizerBlocks",
     "Queued",
+    "Closed",
+    "Exhausted",
+    "PeriodClosed",
+    "EndingSoon",
 )
 LEASE_EVENT_TYPES: Final = {step: f"{LEASE_EVENT_TYPE_PREFIX}.{step.lower()}.v1" for step in LEASE_STEPS}
 """One CloudEvent type per GpuLease step the lease controller emits, versioned: the lease's
-lifecycle, and what it did to one of its Pods (the last four)."""
+lifecycle (a recurring window Closed, a budget Exhausted, and each budget period closed with its
+GPU-hours: PeriodClosed, the chargeback record), and what it did or says to one of its Pods
+(Evicted, EvictionBlocked, FinalizerBlocks, Queued, EndingSoon)."""
 CONTROL_EVENT_SOURCE: Final = "/castslice/control"
 
 # --- The castslice command --------------------------------------------------------------------

@@ -7,18 +7,24 @@ model); this refuses the rest and names every invalid field at once (``lease_pro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied
 from function.core.leases import KIND, lease_problems
+from function.core.schedule import ZoneTable
 
 MESSAGE_LIMIT = 1000
 
 
-def review_gpulease(review: AdmissionReview) -> AdmissionResponse:
+def review_gpulease(
+    review: AdmissionReview, zones: Mapping[str, ZoneTable] | None = None
+) -> AdmissionResponse:
+    """``zones``: the tz database the serving process knows (a time zone must be one of it)."""
     request = review.request
     if request.operation not in ("CREATE", "UPDATE") or request.kind.kind != KIND:
         return allowed(request.uid)
     obj = request.object
-    problems = lease_problems(obj)
+    problems = lease_problems(obj, zones)
     if not problems:
         return allowed(request.uid)
     metadata = obj.get("metadata") if isinstance(obj, dict) else None

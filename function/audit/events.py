@@ -397,6 +397,9 @@ class Event:
     """Attributes Trigger filters see, after the CloudEvents ones."""
     time: datetime | None = None
     """When it happened, if not when it is emitted."""
+    id: str | None = None
+    """Its id when it must be the same whoever emits it, however often (a GpuLease budget period's
+    chargeback record: the lease's uid and the period's start); else the recorder gives one."""
 
 
 def wire_event(

@@ -91,7 +91,9 @@ class AuditRecorder:
             return
         self.metrics.event_emitted()
         self.sender.submit(
-            wire_event(event, event_id=self._new_id(), time=self._now(), extensions=self.extensions)
+            wire_event(
+                event, event_id=event.id or self._new_id(), time=self._now(), extensions=self.extensions
+            )
         )
 
     def ready(self) -> bool:

@@ -43,8 +43,10 @@ from function.core.config import Config, watches_for
 from function.core.drift import Finding, Tally, findings
 from function.core.engine import Engine
 from function.core.mutators.spot import NAMESPACES, NamespaceRecord
-from function.core.view import POD_FIELD_SELECTOR, ClusterView, Record, WatchSpec, merge_specs
+from function.core.schedule import ZONES_INDEX
+from function.core.view import POD_FIELD_SELECTOR, ClusterView, Overlay, Record, WatchSpec, merge_specs
 from function.kube.client import Api
+from function.zones import ZONES
 
 log = logging.getLogger("castslice.drift")
 
@@ -273,7 +275,9 @@ class DriftReconciler:
         pods = [item for item in items if isinstance(item, dict)]
         for pod in pods:
             current.largest = max(current.largest, len(orjson.dumps(pod)))
-        for finding in findings(self.engine, pods, view, current.tally, opted_out_in(view), at):
+        # Recurring windows and budget periods are read in their time zones.
+        zoned = Overlay(view, {ZONES_INDEX: ZONES})
+        for finding in findings(self.engine, pods, zoned, current.tally, opted_out_in(view), at):
             self.emit(drift_event(finding, found_at))
         del items, pods  # the page goes before the next is read
         metadata: Any = response.body.get("metadata") or {}

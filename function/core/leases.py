@@ -23,8 +23,20 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from function.core.budget import Budget, BudgetNow, budget_now, parse_hours
 from function.core.pod import controller_of, metadata_of
 from function.core.quantity import QuantityError, parse_quantity
+from function.core.schedule import (
+    MAX_OCCURRENCE,
+    NO_ZONES,
+    PERIODS,
+    Recurrence,
+    Span,
+    ZoneTable,
+    parse_cron,
+    span_at,
+    zone_of,
+)
 from function.core.selectors import Requirement, compile_selector, selector_problems, selects
 from function.core.view import WatchSpec, name_of
 
@@ -44,6 +56,10 @@ DECISION_ANNOTATION = "castops.io/gpu-lease-decision"
 """The admission uid that charged the Pod: the webhook's ledger matches its own decisions by it."""
 PRIORITY_ANNOTATION = "castops.io/gpu-lease-priority"
 """The Pod's spec.priority at admission (queued Pods are started by priority, then age)."""
+ENDS_ANNOTATION = "castops.io/gpu-lease-ends"
+"""When the lease's time for the Pod ends (the window's end, or the end of the current occurrence
+of a recurring window; RFC 3339), readable by the Pod through the downward API. Written by the
+webhook at admission and by the controller when it starts a queued Pod or the end moves."""
 GATE = "castops.io/gpu-lease"
 """The scheduling gate of a queued Pod; the controller removes it when the Pod fits the lease."""
 FINALIZER = "castops.io/gpu-lease-release"
@@ -57,6 +73,7 @@ STAMP_ANNOTATIONS = (
     "castops.io/gpu-lease-charge",
     "castops.io/gpu-lease-decision",
     "castops.io/gpu-lease-priority",
+    "castops.io/gpu-lease-ends",
 )
 """The keys only CastSlice writes (the choice annotation ``castops.io/gpu-lease`` is the user's)."""
 REQUIRED_LABEL = "castops.io/gpu-leases"
@@ -90,6 +107,10 @@ class ExpiryAction(StrEnum):
 class Phase(StrEnum):
     Pending = "Pending"
     Active = "Active"
+    Closed = "Closed"
+    """A recurring window between two of its occurrences: nothing is admitted until it opens."""
+    Exhausted = "Exhausted"
+    """The budget of this period is spent: nothing is admitted until the next period."""
     Expired = "Expired"
     Released = "Released"
     Invalid = "Invalid"
@@ -122,8 +143,12 @@ SPEC_FIELDS = (
     "enforcement",
     "overflow",
     "onExpiry",
+    "budget",
 )
 DEFAULT_GRACE_SECONDS = 300
+DEFAULT_NOTICE_SECONDS = 600
+"""``onExpiry.noticeSeconds``: a charged Pod gets an Event this long before its lease ends (or
+its eviction, when the budget is spent), so its job can checkpoint."""
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 """A window's edges lie in [EARLIEST, LATEST): far enough from datetime's year 9999 that an end
@@ -136,6 +161,13 @@ MAX_GRACE_SECONDS = 2_592_000
 MAX_PRIORITY = 2**31 - 1
 """``spec.priority`` is an int32, as a PriorityClass's value is."""
 MAX_COUNT_MILLI = 10**12
+MAX_BUDGET_HOURS = 10**9
+"""``spec.budget.gpuHours`` at most (a thousand times the largest count for a year's hours)."""
+MIN_PERIOD_SECONDS = 60
+MAX_PERIOD_HOURS = 8784
+"""``spec.budget.length`` from a minute to a leap year."""
+_ZONE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}\Z")
+_BUDGET_HOURS = re.compile(r"^[0-9]{1,10}(\.[0-9]{1,6})?\Z")
 
 
 def parse_time(raw: Any) -> datetime | None:
@@ -209,9 +241,10 @@ def whole_number(raw: Any, low: int, high: int) -> bool:
     return isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high
 
 
-def lease_problems(obj: Any) -> list[str]:
+def lease_problems(obj: Any, zones: Mapping[str, ZoneTable] | None = None) -> list[str]:
     """Every invalid field of a GpuLease, each named (what the CRD schema and CEL cannot check
-    is checked here too, so a lease that skipped the schema is refused alike)."""
+    is checked here too, so a lease that skipped the schema is refused alike). With ``zones``
+    (the edge's tz database) a time zone must be one it knows; without, one of the right form."""
     if not isinstance(obj, Mapping):
         return ["not an object"]
     spec = obj.get("spec")
@@ -244,10 +277,12 @@ def lease_problems(obj: Any) -> list[str]:
             problems.append("spec.window: must be an object with start and/or end")
         else:
             problems.extend(
-                f"spec.window.{key}: unknown field (known: start, end)"
+                f"spec.window.{key}: unknown field (known: start, end, recurrence)"
                 for key in window
-                if key not in ("start", "end")
+                if key not in ("start", "end", "recurrence")
             )
+            if "recurrence" in window:
+                problems.extend(recurrence_problems(window["recurrence"], zones))
             for key in ("start", "end"):
                 problem = time_problem(window[key]) if key in window else None
                 if problem is not None:
@@ -276,10 +311,16 @@ def lease_problems(obj: Any) -> list[str]:
             problems.append("spec.onExpiry: must be an object (action, gracePeriodSeconds)")
         else:
             problems.extend(
-                f"spec.onExpiry.{key}: unknown field (known: action, gracePeriodSeconds)"
+                f"spec.onExpiry.{key}: unknown field (known: action, gracePeriodSeconds, noticeSeconds)"
                 for key in expiry
-                if key not in ("action", "gracePeriodSeconds")
+                if key not in ("action", "gracePeriodSeconds", "noticeSeconds")
             )
+            notice = expiry.get("noticeSeconds")
+            if notice is not None and not whole_number(notice, 0, MAX_GRACE_SECONDS):
+                problems.append(
+                    f"spec.onExpiry.noticeSeconds: {repr(notice)[:40]} is not a whole number "
+                    f"from 0 to {MAX_GRACE_SECONDS} (30 days)"
+                )
             if "action" in expiry and not _one_of(ExpiryAction, expiry["action"]):
                 problems.append(
                     f"spec.onExpiry.action: {expiry['action']!r} is not one of StopAdmitting, Evict"
@@ -290,7 +331,118 @@ def lease_problems(obj: Any) -> list[str]:
                     f"spec.onExpiry.gracePeriodSeconds: {repr(grace)[:40]} is not a whole number "
                     f"from 0 to {MAX_GRACE_SECONDS} (30 days)"
                 )
+    if "budget" in spec:
+        problems.extend(budget_problems(spec["budget"], zones))
     return problems
+
+
+ZONE_EXAMPLES = "Europe/Berlin, America/New_York, UTC"
+
+
+def zone_problem(raw: Any, where: str, zones: Mapping[str, ZoneTable] | None) -> str | None:
+    if not isinstance(raw, str) or not _ZONE_NAME.match(raw) or len(raw) > 64:
+        return f"{where}: {repr(raw)[:70]} is not an IANA time zone name ({ZONE_EXAMPLES})"
+    if zones is not None and zone_of(zones, raw) is None:
+        return f"{where}: {raw!r} is not a time zone the tz database knows ({ZONE_EXAMPLES})"
+    return None
+
+
+RECURRENCE_FIELDS = ("schedule", "duration", "timeZone")
+
+
+def recurrence_problems(raw: Any, zones: Mapping[str, ZoneTable] | None) -> list[str]:
+    where = "spec.window.recurrence"
+    if not isinstance(raw, Mapping):
+        return [f"{where}: must be an object (schedule, duration, timeZone)"]
+    problems = [
+        f"{where}.{key}: unknown field (known: {', '.join(RECURRENCE_FIELDS)})"
+        for key in raw
+        if key not in RECURRENCE_FIELDS
+    ]
+    cron = parse_cron(raw.get("schedule"))
+    if isinstance(cron, str):
+        problems.append(f"{where}.schedule: {cron} (e.g. '0 9 * * 1-5': weekdays at 09:00)")
+    duration = parse_duration(raw.get("duration"))
+    if duration is None or duration > MAX_OCCURRENCE:
+        problems.append(
+            f"{where}.duration: {repr(raw.get('duration'))[:40]} is not a positive duration of at most "
+            f"{int(MAX_OCCURRENCE.total_seconds() // 3600)}h (9h, 30m, 45s): how long each occurrence is open"
+        )
+    if "timeZone" in raw:
+        problem = zone_problem(raw["timeZone"], f"{where}.timeZone", zones)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+BUDGET_FIELDS = ("gpuHours", "period", "length", "timeZone")
+
+
+def budget_problems(raw: Any, zones: Mapping[str, ZoneTable] | None) -> list[str]:
+    where = "spec.budget"
+    if not isinstance(raw, Mapping):
+        return [f"{where}: must be an object (gpuHours, period, length, timeZone)"]
+    problems = [
+        f"{where}.{key}: unknown field (known: {', '.join(BUDGET_FIELDS)})"
+        for key in raw
+        if key not in BUDGET_FIELDS
+    ]
+    hours = raw.get("gpuHours")
+    value = parse_hours(hours) if _budget_amount(hours) else None
+    if value is None or not 0 < value <= MAX_BUDGET_HOURS:
+        problems.append(
+            f"{where}.gpuHours: {repr(hours)[:40]} is not a positive number of GPU-hours of at most "
+            f"{MAX_BUDGET_HOURS} with at most 6 decimals (400, 0.05)"
+        )
+    period = raw.get("period")
+    if period not in PERIODS:
+        problems.append(f"{where}.period: {repr(period)[:40]} is not one of {', '.join(PERIODS)}")
+    length = raw.get("length")
+    if period in ("Fixed", "Rolling"):
+        parsed = parse_duration(length)
+        if parsed is None or not MIN_PERIOD_SECONDS <= parsed.total_seconds() <= MAX_PERIOD_HOURS * 3600:
+            problems.append(
+                f"{where}.length: {repr(length)[:40]} is not a duration from {MIN_PERIOD_SECONDS}s to "
+                f"{MAX_PERIOD_HOURS}h (720h, 168h, 90m): required with period {period}"
+            )
+    elif length is not None:
+        problems.append(f"{where}.length: only with period Fixed or Rolling (a calendar period has its own)")
+    if "timeZone" in raw:
+        if period in ("Fixed", "Rolling"):
+            problems.append(f"{where}.timeZone: only with period Month, Week or Day (the calendar's zone)")
+        else:
+            problem = zone_problem(raw["timeZone"], f"{where}.timeZone", zones)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _budget_amount(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return False
+    if isinstance(raw, int):
+        return True
+    return isinstance(raw, str) and bool(_BUDGET_HOURS.match(raw))
+
+
+def parse_recurrence(raw: Any) -> Recurrence | None:
+    if not isinstance(raw, Mapping):
+        return None
+    cron, duration = parse_cron(raw.get("schedule")), parse_duration(raw.get("duration"))
+    zone = raw.get("timeZone")
+    if isinstance(cron, str) or duration is None or duration > MAX_OCCURRENCE:
+        return None
+    return Recurrence(cron, duration, zone if isinstance(zone, str) else "")
+
+
+def parse_budget(raw: Any) -> Budget | None:
+    if not isinstance(raw, Mapping) or budget_problems(raw, None):
+        return None
+    hours = parse_hours(raw.get("gpuHours"))
+    assert hours is not None
+    zone = raw.get("timeZone")
+    length = parse_duration(raw.get("length"))
+    return Budget(hours, str(raw["period"]), length, zone if isinstance(zone, str) else "")
 
 
 @dataclass(frozen=True)
@@ -326,6 +478,13 @@ class Lease:
     status: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """The object's status as written (the controller computes the next one from it, so GPU-hours
     stay exact whoever leads)."""
+    recurrence: Recurrence | None = None
+    """spec.window.recurrence: open only from each start of the schedule for its duration."""
+    budget: Budget | None = None
+    notice_seconds: int = DEFAULT_NOTICE_SECONDS
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """What this record's methods worked out (a recurring window's current span, the budget at a
+    moment): the record is replaced when the object changes, so nothing here outlives its inputs."""
 
     @property
     def key(self) -> str:
@@ -341,16 +500,91 @@ class Lease:
         """The group of its charged Pods in CHARGED_PODS (and its key in the webhook's ledger)."""
         return f"{self.namespace}/{lease_label(self.name)}"
 
-    def phase(self, now: datetime) -> Phase:
+    def phase(self, now: datetime, zones: Mapping[str, ZoneTable] = NO_ZONES) -> Phase:
         if self.deleting:
             return Phase.Released
-        if self.problems:
+        if self.problems or self.zone_problems(zones):
             return Phase.Invalid
         if self.start is not None and now < self.start:
             return Phase.Pending
         if self.end is not None and now >= self.end:
             return Phase.Expired
+        span = self.span(now, zones)
+        if span is not None and not span.open:
+            return Phase.Closed
+        reading = self.budget_at(now, zones)
+        if reading is not None and reading.exhausted:
+            return Phase.Exhausted
         return Phase.Active
+
+    def zone_problems(self, zones: Mapping[str, ZoneTable]) -> tuple[str, ...]:
+        """Time zones the edge's tz database does not know (validation refuses them; a lease that
+        skipped it is a lease with problems)."""
+        found = []
+        if self.recurrence is not None and zone_of(zones, self.recurrence.zone) is None:
+            found.append(
+                f"spec.window.recurrence.timeZone: {self.recurrence.zone!r} is not a known time zone"
+            )
+        if self.budget is not None and self.budget.zone and zone_of(zones, self.budget.zone) is None:
+            found.append(f"spec.budget.timeZone: {self.budget.zone!r} is not a known time zone")
+        return tuple(found)
+
+    def span(self, now: datetime, zones: Mapping[str, ZoneTable] = NO_ZONES) -> Span | None:
+        """Where ``now`` lies in the recurring window (None: no recurrence, or an unknown zone)."""
+        if self.recurrence is None:
+            return None
+        zone = zone_of(zones, self.recurrence.zone)
+        if zone is None:
+            return None
+        known = self.memo.get("span")
+        if known is not None and known[0] is zone:
+            span: Span = known[1]
+            if (span.start is None or span.start <= now) and (span.end is None or now < span.end):
+                return span
+        span = span_at(self.recurrence, zone, now)
+        self.memo["span"] = (zone, span)
+        return span
+
+    def budget_at(self, now: datetime, zones: Mapping[str, ZoneTable] = NO_ZONES) -> BudgetNow | None:
+        """The budget at ``now`` from the lease's status (None: no budget, or an unknown zone)."""
+        if self.budget is None:
+            return None
+        zone = zone_of(zones, self.budget.zone)
+        anchor = self.start or self.created
+        if zone is None or anchor is None or now < anchor:
+            return None  # periods begin with the lease's window
+        known = self.memo.get("budget")
+        if known is not None and known[0] == now:
+            reading: BudgetNow = known[1]
+            return reading
+        reading = budget_now(self.budget, self.status, zone, anchor, now)
+        self.memo["budget"] = (now, reading)
+        return reading
+
+    def ends_at(self, now: datetime, zones: Mapping[str, ZoneTable] = NO_ZONES) -> datetime | None:
+        """When the time a Pod admitted now may run ends: the current occurrence's end (a
+        recurring window) or the window's end; None: open-ended."""
+        span = self.span(now, zones)
+        end = span.end if span is not None and span.open else None
+        if self.end is not None and (end is None or self.end < end):
+            return self.end
+        return end
+
+    def opens_at(self, now: datetime, zones: Mapping[str, ZoneTable] = NO_ZONES) -> datetime | None:
+        """When a lease that does not admit now starts to (None: not before it ends)."""
+        phase = self.phase(now, zones)
+        moment: datetime | None = None
+        if phase == Phase.Pending:
+            moment = self.start
+        elif phase == Phase.Closed:
+            span = self.span(now, zones)
+            moment = span.end if span is not None else None
+        elif phase == Phase.Exhausted:
+            reading = self.budget_at(now, zones)
+            moment = reading.end if reading is not None else None
+        if moment is not None and self.end is not None and moment >= self.end:
+            return None
+        return moment
 
     def matches(self, labels: Mapping[str, Any]) -> bool:
         return selects(self.selector, labels)
@@ -398,6 +632,9 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
         problems=problems,
         version=str(metadata.get("resourceVersion") or ""),
         status=status if isinstance(status, Mapping) else {},
+        recurrence=parse_recurrence(window.get("recurrence")) if not problems else None,
+        budget=parse_budget(spec.get("budget")) if not problems else None,
+        notice_seconds=_bounded(expiry.get("noticeSeconds"), 0, MAX_GRACE_SECONDS, DEFAULT_NOTICE_SECONDS),
     )
 
 
@@ -442,6 +679,8 @@ class ChargedPod(NamedTuple):
     """metadata.finalizers: what keeps a terminating Pod stored (and on its node) past its grace."""
     deleted_at: str = ""
     """metadata.deletionTimestamp as written: when a terminating Pod's grace period ends."""
+    ends: str = ""
+    """ENDS_ANNOTATION as written: when the Pod's lease time ends ("" none)."""
 
     @property
     def lease_key(self) -> str:
@@ -499,6 +738,7 @@ def slim_charged_pod(obj: Mapping[str, Any]) -> ChargedPod | None:
         owner_kind=controller_of(metadata).kind,
         finalizers=_finalizers(metadata.get("finalizers")),
         deleted_at=str(metadata.get("deletionTimestamp") or ""),
+        ends=sys.intern(str(annotations.get(ENDS_ANNOTATION) or "")),
     )
 
 

@@ -22,8 +22,10 @@ from function.core.config import Config, ConfigError, watches_for
 from function.core.drift import Finding, Tally, findings, opted_out_namespaces
 from function.core.engine import Engine
 from function.core.mutators.gpu_leases import NAME as GPU_LEASES
-from function.core.view import PODS, REPLICASETS
+from function.core.schedule import ZONES_INDEX
+from function.core.view import PODS, REPLICASETS, Overlay
 from function.offline import state_file
+from function.zones import ZONES
 
 EXIT_CLEAN = 0
 EXIT_DRIFT = 1
@@ -61,7 +63,9 @@ def report(
     ]
     opted_out = opted_out_namespaces(obj for obj in objects if _kind(obj, "Namespace"))
     tally = Tally()
-    found = list(findings(Engine(config), pods, view, tally, opted_out, now))
+    # Recurring windows and budget periods are read in their time zones.
+    zoned = Overlay(view, {ZONES_INDEX: ZONES})
+    found = list(findings(Engine(config), pods, zoned, tally, opted_out, now))
     return found, tally
 
 

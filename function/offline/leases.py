@@ -13,7 +13,9 @@ from function.core.engine import build_mutators
 from function.core.leases import CHARGED_PODS, LEASES, gpus, until
 from function.core.mutators.base import RequestContext
 from function.core.mutators.gpu_leases import NAME, GpuLeases, Verdict
+from function.core.schedule import ZONES_INDEX
 from function.core.view import ClusterView, Overlay
+from function.zones import ZONES
 
 STATE_SPECS = (LEASES, CHARGED_PODS)
 """Always read from a state file: naming GpuLeases there is asking for their decisions."""
@@ -29,7 +31,7 @@ def with_gpu_leases(
         return config, cluster
     if not section.enabled:
         config = config.model_copy(update={"gpuLeases": section.model_copy(update={"enabled": True})})
-    return config, Overlay(cluster, now=now or datetime.now(UTC))
+    return config, Overlay(cluster, {ZONES_INDEX: ZONES}, now=now or datetime.now(UTC))
 
 
 def lease_lines(config: Config, pod: dict[str, Any], namespace: str, cluster: ClusterView) -> Iterator[str]:

@@ -22,6 +22,7 @@ from function.audit.recorder import AuditRecorder, build_recorder
 from function.config_file import load_config
 from function.core.config import Config, watches_for
 from function.core.engine import Engine
+from function.core.schedule import ZONES_INDEX
 from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
 from function.kube.watch import ClusterWatcher, Transport
 from function.logs import configure_logging
@@ -31,6 +32,7 @@ from function.serve.lease_ledger import lease_ledger_for
 from function.serve.ledger import DecisionTurns, LedgerRecorder, with_ledgers
 from function.serve.offload import LargeReviews
 from function.serve.spot_ledger import ledger_for
+from function.zones import ZONES
 
 log = logging.getLogger("castslice.app")
 
@@ -99,16 +101,17 @@ def build_webhook_and_recorder(
     ledgers = tuple(kept for kept in (ledger_for(config), lease_ledger) if kept is not None)
     turns = DecisionTurns() if ledgers else None
     decisions: DecisionRecorder = LedgerRecorder(recorder, ledgers, turns) if ledgers else recorder
-    # GPU leases read the snapshot's time (the core reads no clock).
-    now: Callable[[], datetime] | None = (
-        (lambda: datetime.now(UTC)) if config.section("gpuLeases").enabled else None
-    )
-    cluster = with_ledgers(snapshot, ledgers, turns, now)
+    # GPU leases read the snapshot's time (the core reads no clock) and the time zones of their
+    # recurring windows and budget periods (function/zones.py).
+    leases_on = config.section("gpuLeases").enabled
+    now: Callable[[], datetime] | None = (lambda: datetime.now(UTC)) if leases_on else None
+    zones = {ZONES_INDEX: ZONES} if leases_on else None
+    cluster = with_ledgers(snapshot, ledgers, turns, now, zones)
     admission = Admission(engine, decisions, cluster=cluster)
     # What a large review decided in the child process reads (function/serve/offload.py): the same
     # snapshot and ledgers, without a turn (held across the child's decision, it would stop the
     # event loop's own reviews); its decision is checked against the ledgers when it is recorded.
-    unturned = with_ledgers(snapshot, ledgers, None, now)
+    unturned = with_ledgers(snapshot, ledgers, None, now, zones)
     offload = (
         LargeReviews(config, unturned if watcher is not None else None, ledgers) if large_reviews else None
     )

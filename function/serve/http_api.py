@@ -10,6 +10,7 @@ of our answer.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from function.contract import (
     VALIDATE_PODMUTATIONS_PATH,
 )
 from function.core.engine import Decision
+from function.zones import ZONES
 
 if TYPE_CHECKING:
     from function.serve.offload import LargeReviews
@@ -188,6 +190,6 @@ class WebhookHttp:
 
 VALIDATORS: dict[str, tuple[str, Callable[[AdmissionReview], AdmissionResponse]]] = {
     VALIDATE_PODMUTATIONS_PATH: ("PodMutation", review_podmutation),
-    VALIDATE_GPULEASES_PATH: ("GpuLease", review_gpulease),
+    VALIDATE_GPULEASES_PATH: ("GpuLease", functools.partial(review_gpulease, zones=ZONES)),
 }
 """The validating webhooks this server answers, by path: what they validate, and the judge."""

@@ -230,18 +230,20 @@ def with_ledgers(
     ledgers: Sequence[InFlightLedger[Any]],
     turns: DecisionTurns | None = None,
     now: Callable[[], datetime] | None = None,
+    fixed: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Callable[[], ClusterView]:
-    """The per-review snapshot with each ledger's entries as its index and, given ``now``, the
-    snapshot's time; with ``turns``, the review holds its turn from here until the
-    LedgerRecorder records its decision."""
+    """The per-review snapshot with each ledger's entries as its index, the ``fixed`` indices
+    (the time zones GPU leases read) and, given ``now``, the snapshot's time; with ``turns``, the
+    review holds its turn from here until the LedgerRecorder records its decision."""
     ledgers = tuple(ledgers)
-    if not ledgers and now is None:
+    constant = dict(fixed or {})
+    if not ledgers and now is None and not constant:
         return snapshot
 
     def view() -> ClusterView:
         if turns is not None:
             turns.begin()
-        entries = {ledger.index: ledger.snapshot() for ledger in ledgers}  # before the view
+        entries = {**constant, **{ledger.index: ledger.snapshot() for ledger in ledgers}}  # before the view
         return Overlay(snapshot(), entries, now=now() if now is not None else None)
 
     return view

@@ -28,6 +28,7 @@ from function.core.leases import (
     slim_lease,
 )
 from function.serve.http_api import WebhookHttp
+from function.zones import ZONES
 
 PATH = "/validate/gpuleases"
 
@@ -87,6 +88,30 @@ POISON = [
     (lease(priority=2**31), "spec.priority"),
     (lease(count=10**30), "spec.count"),
     (lease(count="9" * 5000), "spec.count"),
+    (lease(budget={"gpuHours": 10**12, "period": "Month"}), "spec.budget.gpuHours"),
+    (lease(budget={"gpuHours": "1.0000001", "period": "Month"}), "spec.budget.gpuHours"),
+    (lease(budget={"gpuHours": 5, "period": "Fixed", "length": "1s"}), "spec.budget.length"),
+    (lease(budget={"gpuHours": 5, "period": "Rolling"}), "spec.budget.length"),
+    (lease(budget={"gpuHours": 5, "period": "Month", "length": "1h"}), "spec.budget.length"),
+    (lease(budget={"gpuHours": 5, "period": "Fortnight"}), "spec.budget.period"),
+    (
+        lease(budget={"gpuHours": 5, "period": "Fixed", "length": "1h", "timeZone": "UTC"}),
+        "spec.budget.timeZone",
+    ),
+    (
+        lease(window={"recurrence": {"schedule": "0 9 * * 1-5", "duration": "745h"}}),
+        "spec.window.recurrence.duration",
+    ),
+    (
+        lease(window={"recurrence": {"schedule": "0 0 30 2 *", "duration": "1h"}}),
+        "spec.window.recurrence.schedule",
+    ),
+    (lease(window={"recurrence": {"schedule": "0 9 * * 1-5"}}), "spec.window.recurrence.duration"),
+    (
+        lease(window={"recurrence": {"schedule": "0 9 * * *", "duration": "1h", "timeZone": "../etc"}}),
+        "spec.window.recurrence.timeZone",
+    ),
+    (lease(onExpiry={"noticeSeconds": MAX_GRACE_SECONDS + 1}), "spec.onExpiry.noticeSeconds"),
 ]
 
 
@@ -102,8 +127,30 @@ def test_a_value_the_code_cannot_compute_with_is_refused_naming_its_field(
     assert field in response["status"]["message"]
 
 
+def test_a_time_zone_the_tz_database_does_not_know_is_refused_at_apply(http: WebhookHttp) -> None:
+    recurring = {"schedule": "0 9 * * 1-5", "duration": "9h", "timeZone": "Mars/Olympus_Mons"}
+    for obj, field in (
+        (lease(window={"recurrence": recurring}), "spec.window.recurrence.timeZone"),
+        (
+            lease(budget={"gpuHours": 400, "period": "Month", "timeZone": "Europe/Atlantis"}),
+            "spec.budget.timeZone",
+        ),
+    ):
+        status, body = answer(http, obj)
+        assert status == 200 and body["response"]["allowed"] is False
+        assert field in body["response"]["status"]["message"]
+        record = slim_lease(obj)
+        assert record is not None and record.problems == ()  # the form is right: only the edge knows
+        assert record.phase(datetime(2026, 11, 25, tzinfo=UTC), ZONES) == Phase.Invalid
+
+
 def test_the_edges_of_what_is_accepted_are_accepted(http: WebhookHttp) -> None:
     for obj in (
+        lease(budget={"gpuHours": "0.000001", "period": "Fixed", "length": "60s"}),
+        lease(budget={"gpuHours": 10**9, "period": "Rolling", "length": "8784h"}),
+        lease(budget={"gpuHours": 400, "period": "Month", "timeZone": "America/Argentina/Buenos_Aires"}),
+        lease(window={"recurrence": {"schedule": "@daily", "duration": "744h", "timeZone": "Europe/Berlin"}}),
+        lease(onExpiry={"noticeSeconds": 0}),
         lease(duration=f"{MAX_DURATION_HOURS}h"),
         lease(window={"start": "1970-01-01T00:00:00Z", "end": "8999-12-31T23:59:59Z"}),
         lease(onExpiry={"action": "Evict", "gracePeriodSeconds": MAX_GRACE_SECONDS}),
@@ -152,16 +199,54 @@ TIMES = st.one_of(
 DURATIONS = st.one_of(
     st.from_regex(r"\A([0-9]{1,12}h)?([0-9]{1,12}m)?([0-9]{1,12}s)?\Z"), st.text(max_size=12), ANY
 )
+CRONS = st.one_of(
+    st.from_regex(r"\A[0-9*/,-]{1,6} [0-9*/,-]{1,6} [0-9*/,-]{1,5} [0-9a-z*/,-]{1,5} [0-9a-z*/,-]{1,5}\Z"),
+    st.sampled_from(["@daily", "@hourly", "0 9 * * 1-5", "* * * * *", "0 0 31 2 *"]),
+    ANY,
+)
+ZONE_NAMES = st.one_of(
+    st.sampled_from(["UTC", "Europe/Berlin", "Mars/Olympus", "Asia/Kolkata", "", "../../etc/passwd"]),
+    st.text(max_size=20),
+    ANY,
+)
 COUNTS = st.one_of(
     st.integers(), st.from_regex(r"\A[0-9]{1,20}(\.[0-9]{1,4})?m?\Z"), st.text(max_size=12), ANY
 )
 SPECS = st.fixed_dictionaries(
     {"gpuModel": st.one_of(st.just("NVIDIA-H100-80GB-HBM3"), ANY), "count": COUNTS},
     optional={
-        "window": st.one_of(st.fixed_dictionaries({}, optional={"start": TIMES, "end": TIMES}), ANY),
+        "window": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "start": TIMES,
+                    "end": TIMES,
+                    "recurrence": st.one_of(
+                        st.fixed_dictionaries(
+                            {},
+                            optional={"schedule": CRONS, "duration": DURATIONS, "timeZone": ZONE_NAMES},
+                        ),
+                        ANY,
+                    ),
+                },
+            ),
+            ANY,
+        ),
         "duration": DURATIONS,
         "priority": st.one_of(st.integers(), ANY),
         "enforcement": st.one_of(st.sampled_from(["Deny", "Queue", "Audit"]), ANY),
+        "budget": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "gpuHours": st.one_of(COUNTS, ANY),
+                    "period": st.one_of(st.sampled_from(["Month", "Week", "Day", "Fixed", "Rolling"]), ANY),
+                    "length": DURATIONS,
+                    "timeZone": ZONE_NAMES,
+                },
+            ),
+            ANY,
+        ),
         "overflow": st.one_of(st.sampled_from(["None", "Preemptible"]), ANY),
         "onExpiry": st.one_of(
             st.fixed_dictionaries(
@@ -214,7 +299,8 @@ def test_no_gpulease_gets_a_500_and_every_refusal_names_a_field(
     if isinstance(obj, dict):
         record = slim_lease({**obj, "metadata": {"uid": "u-1", "creationTimestamp": "2026-11-25T00:00:00Z"}})
         assert record is not None
-        assert bool(record.problems) == (not response["allowed"]), (record.problems, response)
+        problems = record.problems or record.zone_problems(ZONES)
+        assert bool(problems) == (not response["allowed"]), (problems, response)
 
 
 def test_every_problem_names_a_field_of_the_spec() -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from function.control.reconciler import Context
@@ -23,10 +24,12 @@ from function.control.reconcilers.gpu_leases import (
     NOT_SYNCED_RETRY,
     LeaseReconciler,
     Step,
+    lifecycle_event,
 )
 from function.core.leases import (
     CHARGE_ANNOTATION,
     CHARGED_PODS,
+    ENDS_ANNOTATION,
     FINALIZER,
     LEASE_LABEL,
     LEASES,
@@ -99,6 +102,7 @@ class Cluster(FakeApi):
         self.evicted: list[str] = []
         self.refuse_eviction = ""
         self.patched_pods: list[tuple[str, Any]] = []
+        self.pod_conditions: list[tuple[str, Any]] = []
 
     def view(self, synced: bool = True) -> View:
         leases = {} if self.lease is None else {"lease-uid": slim_lease(self.lease)}
@@ -146,6 +150,9 @@ class Cluster(FakeApi):
             self.evicted.append(name)
             self._pod(name)["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:30Z"
             return ApiResponse(201, {})
+        if method == "PATCH" and "/pods/" in path and path.endswith("/status"):
+            self.pod_conditions.append((path.split("/")[-2], kwargs.get("body")))
+            return ApiResponse(200, {})
         if method == "PATCH" and "/pods/" in path:
             self.patched_pods.append((path.split("/")[-1], kwargs.get("body")))
             return ApiResponse(200, {})
@@ -229,8 +236,8 @@ def test_gpu_hours_add_up_exactly_between_changes_for_bound_pods_only() -> None:
 
 
 def test_gpu_hours_count_no_fraction_of_a_second_twice() -> None:
-    """``since`` is written to the second: the hours of a write end there, not at the exact clock,
-    so a write every 400 ms for a minute still adds up to one GPU-minute."""
+    """``since`` is written to the millisecond: the hours of a write end there, not at the exact
+    clock, so a write every 400 ms for a minute still adds up to one GPU-minute."""
     cluster = Cluster(lease_obj(), [pod(1)])
     r = LeaseReconciler(cluster)
     for tick in range(151):
@@ -242,8 +249,9 @@ def test_gpu_hours_count_no_fraction_of_a_second_twice() -> None:
         cluster.pods[0]["spec"]["nodeName"] = "gpu-1" if tick % 2 == 0 else ""
         reconcile(r, cluster, NOW + timedelta(milliseconds=400 * tick))
     written = Decimal(cluster.status()["consumed"]["gpuHours"])
-    # Bound on every even tick, for the 400 ms after it: 75 x 0.4 s, written to the second.
-    assert abs(written * 3600 - Decimal(30)) <= 1
+    # Bound on every even tick, for the 400 ms after it: 75 x 0.4 s (each write rounds the hours to
+    # a millionth, 3.6 ms of one GPU).
+    assert abs(written * 3600 - Decimal(30)) <= Decimal("0.3")
 
 
 def test_gpu_hours_stay_exact_across_leaders_whose_memory_starts_empty() -> None:
@@ -488,3 +496,94 @@ def test_triggers_map_leases_and_their_pods_to_the_lease_key() -> None:
     assert list(r.keys(StaticView({LEASES.index: {"u": slim_lease(lease_obj())}}, specs=SPECS))) == [
         "ml/h100"
     ]
+
+
+# -- budgets, recurring windows, notice ---------------------------------------------------------
+def test_a_budget_is_written_and_each_closed_period_is_one_chargeback_record_whoever_leads() -> None:
+    """1.5 GPU-minutes every two minutes from 12:00; two GPUs bound. The period closing at 12:02 is
+    told once with what ran in it (id: the lease's uid and the period's start), by whichever leader
+    reconciles first after it, and a new leader tells it with the same id."""
+    spec = {
+        "window": {"start": "2026-11-25T12:00:00Z"},
+        "budget": {"gpuHours": "0.025", "period": "Fixed", "length": "2m"},
+    }
+    cluster = Cluster(lease_obj(**spec), [pod(1), pod(2)])
+    first = LeaseReconciler(cluster)
+    told: list[Step] = []
+    first.emit = told.append
+    reconcile(first, cluster)
+    budget = cluster.status()["budget"]
+    assert (budget["periodStart"], budget["periodEnd"], budget["used"]) == (
+        "2026-11-25T12:00:00Z",
+        "2026-11-25T12:02:00Z",
+        "0.000000",
+    )
+    requeue = reconcile(first, cluster, NOW + timedelta(seconds=30))
+    # Spent at 12:00:45 at two GPUs: the leader looks again then.
+    assert 14 < requeue.after < 16
+    reconcile(first, cluster, NOW + timedelta(seconds=45, milliseconds=100))
+    assert cluster.status()["phase"] == "Exhausted"
+    assert cluster.status()["budget"]["exhaustedAt"] == "2026-11-25T12:00:45Z"
+    # 12:02:30: the period closed; a new leader (nothing of the last term kept) tells the record.
+    second = LeaseReconciler(cluster)
+    second.emit = told.append
+    reconcile(second, cluster, NOW + timedelta(minutes=2, seconds=30))
+    (closed,) = [step for step in told if step.step == "PeriodClosed"]
+    assert closed.period is not None
+    # 2 GPUs for 2 minutes (each write rounds to a millionth of an hour).
+    assert abs(closed.period.gpu_hours - Decimal(4) / 60) < Decimal("0.000001")
+    assert closed.event_id == "lease-uid/2026-11-25T12:00:00Z"
+    assert cluster.status()["phase"] == "Active" and cluster.status()["budget"]["used"] == "0.016667"
+    assert "Exhausted" in cluster.reasons() and cluster.reasons().count("PeriodClosed") == 1
+    event = lifecycle_event(closed)
+    assert event.id == closed.event_id and event.time == datetime(2026, 11, 25, 12, 2, tzinfo=UTC)
+    assert event.data["period"] == {
+        "start": "2026-11-25T12:00:00Z",
+        "end": "2026-11-25T12:02:00Z",
+        "gpuHours": "0.066667",
+        "kind": "Fixed",
+        "budgetGpuHours": "0.025000",
+    }
+
+
+def test_a_spent_budget_evicts_after_the_grace_with_evict_and_keeps_queued_pods() -> None:
+    spec = {
+        "window": {"start": "2026-11-25T12:00:00Z"},
+        "budget": {"gpuHours": "0.025", "period": "Fixed", "length": "2m"},
+        "onExpiry": {"action": "Evict", "gracePeriodSeconds": 10},
+        "enforcement": "Queue",
+        "count": 2,
+    }
+    cluster = Cluster(lease_obj(**spec), [pod(1), pod(2), pod(3, state="queued")])
+    r = LeaseReconciler(cluster)
+    reconcile(r, cluster)
+    reconcile(r, cluster, NOW + timedelta(seconds=46))
+    assert cluster.evicted == []  # spent at 12:00:45, evicted 10 s later
+    reconcile(r, cluster, NOW + timedelta(seconds=56))
+    assert sorted(cluster.evicted) == ["p1", "p2"]
+    queued = [body for name, body in cluster.pod_conditions if name == "p3"]
+    assert queued and queued[-1]["status"]["conditions"][0]["reason"] == "BudgetExhausted"
+    assert "position 1 of 1" in queued[-1]["status"]["conditions"][0]["message"]
+
+
+def test_a_recurring_window_closes_and_opens_with_evictions_notice_and_the_end_on_each_pod() -> None:
+    """Open the first 20 s of every minute (UTC), Evict without grace, notice 5 s before."""
+    spec = {
+        "window": {"recurrence": {"schedule": "* * * * *", "duration": "20s"}},
+        "onExpiry": {"action": "Evict", "gracePeriodSeconds": 0, "noticeSeconds": 5},
+    }
+    cluster = Cluster(lease_obj(**spec), [pod(1)])
+    r = LeaseReconciler(cluster)
+    assert reconcile(r, cluster, NOW + timedelta(seconds=2)).after == pytest.approx(13.05, abs=0.01)
+    assert cluster.status()["windowEnd"] == "2026-11-25T12:00:20Z"
+    (annotated,) = [body for name, body in cluster.patched_pods if name == "p1"]
+    assert annotated["metadata"]["annotations"] == {ENDS_ANNOTATION: "2026-11-25T12:00:20Z"}
+    reconcile(r, cluster, NOW + timedelta(seconds=16))
+    (notice,) = [e for e in cluster.events() if e["reason"] == "EndingSoon"]
+    assert notice["involvedObject"]["name"] == "p1" and "2026-11-25T12:00:20Z" in notice["message"]
+    reconcile(r, cluster, NOW + timedelta(seconds=20, milliseconds=50))
+    assert cluster.status()["phase"] == "Closed" and cluster.evicted == ["p1"]
+    assert cluster.status()["windowStart"] == "2026-11-25T12:01:00Z"  # the next occurrence
+    reconcile(r, cluster, NOW + timedelta(seconds=60, milliseconds=50))
+    assert cluster.status()["phase"] == "Active"
+    assert cluster.reasons().count("Activated") == 2 and "Closed" in cluster.reasons()

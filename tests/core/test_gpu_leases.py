@@ -12,6 +12,7 @@ from function.core.leases import (
     CHARGE_ANNOTATION,
     CHARGED_PODS,
     DECISION_ANNOTATION,
+    ENDS_ANNOTATION,
     FORGED_ANNOTATION,
     GATE,
     LEASE_LABEL,
@@ -26,7 +27,9 @@ from function.core.leases import (
 )
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import LEDGER_INDEX, GpuLeases, GpuLeasesConfig, LedgerCharge
+from function.core.schedule import ZONES_INDEX
 from function.core.view import IndexState, Overlay, StaticView, View
+from tests.support.zones import BERLIN
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
@@ -499,3 +502,89 @@ def test_a_reinvocation_keeps_its_earlier_passs_stamp_and_counts_the_pod_once() 
     )
     assert again.action == Action.unchanged, again.reason  # 2 of 2, not 3: counted once
     assert p["metadata"]["annotations"][DECISION_ANNOTATION] == "review-1"
+
+
+# -- budgets and recurring windows ------------------------------------------------------------------
+def budgeted(
+    limit: str = "0.05",
+    since: str = "2026-11-25T11:59:00Z",
+    hours: str = "0.02",
+    running: str = "2",
+    **spec: Any,
+) -> dict[str, Any]:
+    """A lease of 8 with a budget of ``limit`` GPU-hours every 10 minutes from 11:55, whose status says
+    ``hours`` were used by ``since`` and ``running`` GPUs run since."""
+    lease = lease_obj(
+        window={"start": "2026-11-25T11:55:00Z"},
+        budget={"gpuHours": limit, "period": "Fixed", "length": "10m"},
+        **spec,
+    )
+    lease["status"] = {
+        "consumed": {"gpuHours": "5", "since": since, "running": running},
+        "budget": {"periodStart": "2026-11-25T11:55:00Z", "gpuHours": hours},
+    }
+    return lease
+
+
+def test_a_budget_left_admits_and_names_what_is_used_and_left() -> None:
+    # 0.02 h by 11:59, then 2 GPUs for 15 s:
+    result = decide(pod(1), view([budgeted()], now=datetime(2026, 11, 25, 11, 59, 15, tzinfo=UTC)))
+    assert result.action == Action.mutated
+    numbers = "0.0283 of 0.05 GPU-hours used this period, 0.0217 left, period ends 2026-11-25T12:05:00Z"
+    assert numbers in result.reason
+
+
+def test_a_spent_budget_refuses_with_the_numbers_until_the_next_period() -> None:
+    result = decide(pod(1), view([budgeted(hours="0.04")]))
+    assert result.action == Action.denied
+    assert result.reason.startswith("castslice: BudgetExhausted: gpu lease h100")
+    numbers = "0.0733 of 0.05 GPU-hours used this period, 0 left, period ends 2026-11-25T12:05:00Z"
+    assert numbers in result.reason
+    assert "remedy:" in result.reason
+    # The next period begins at 12:05: admitted again, with what has run since.
+    later = decide(pod(1), view([budgeted(hours="0.04")], now=datetime(2026, 11, 25, 12, 5, 30, tzinfo=UTC)))
+    assert later.action == Action.mutated and "budget 0.0167 of 0.05 GPU-hours used" in later.reason
+
+
+def test_a_spent_budget_queues_in_queue_mode_and_audit_admits_with_a_warning() -> None:
+    p = pod(1)
+    queued = decide(p, view([budgeted(hours="0.04", enforcement="Queue")]))
+    assert queued.action == Action.mutated
+    assert "queued until the budget's next period at 2026-11-25T12:05:00Z" in queued.reason
+    assert p["spec"]["schedulingGates"] == [{"name": GATE}]
+    audited = decide(pod(1), view([budgeted(hours="0.04", enforcement="Audit")]))
+    assert audited.action == Action.mutated and "would be refused: BudgetExhausted" in audited.reason
+
+
+def weekdays(**spec: Any) -> dict[str, Any]:
+    """Open on weekdays from 09:00 for 9 hours, in Berlin (NOW is Wednesday 13:00 there)."""
+    return lease_obj(
+        window={"recurrence": {"schedule": "0 9 * * 1-5", "duration": "9h", "timeZone": "Europe/Berlin"}},
+        **spec,
+    )
+
+
+def zoned(leases: list[dict[str, Any]], now: datetime = NOW) -> Overlay:
+    return Overlay(view(leases, now=now), {ZONES_INDEX: {"Europe/Berlin": BERLIN}})
+
+
+def test_a_recurring_window_admits_inside_with_its_end_on_the_pod_and_refuses_outside() -> None:
+    p = pod(1)
+    inside = decide(p, zoned([weekdays()]))
+    assert inside.action == Action.mutated and "window ends 2026-11-25T17:00:00Z" in inside.reason
+    assert p["metadata"]["annotations"][ENDS_ANNOTATION] == "2026-11-25T17:00:00Z"  # 18:00 in Berlin
+    evening = datetime(2026, 11, 25, 19, 0, tzinfo=UTC)
+    outside = decide(pod(1), zoned([weekdays()], evening))
+    assert outside.action == Action.denied
+    assert outside.reason.startswith("castslice: WindowClosed: gpu lease h100")
+    assert "closed until 2026-11-26T08:00:00Z" in outside.reason and "Europe/Berlin" in outside.reason
+
+
+def test_a_recurring_window_queues_until_it_opens_and_an_unknown_zone_charges_nothing() -> None:
+    p = pod(1)
+    saturday = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+    queued = decide(p, zoned([weekdays(enforcement="Queue")], saturday))
+    assert "queued until the window opens at 2026-11-30T08:00:00Z" in queued.reason
+    assert ENDS_ANNOTATION not in p["metadata"]["annotations"]  # the controller writes it when it starts
+    unknown = decide(pod(1), view([weekdays()]))  # a view whose edge knows no zone but UTC
+    assert unknown.action == Action.denied and "NoMatchingLease" in unknown.reason

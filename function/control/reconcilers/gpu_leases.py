@@ -26,7 +26,17 @@ works from the view and ``ctx.now`` only, and does nothing before every watch it
 
 GPU-hours: ``consumed`` holds the hours up to ``since`` and what was bound to a node then
 (``running``); each write adds running x elapsed, so the figure is exact across writes and leaders
-(nothing of it lives in a process) and counts scheduled Pods only, not Pods still Pending.
+(nothing of it lives in a process) and counts scheduled Pods only, not Pods still Pending. A budget
+(``status.budget``) is computed the same way (``function/core/budget.py``); each period that closes
+is a chargeback record (the step PeriodClosed, its CloudEvent id the lease's uid and the period's
+start, so a record told twice by two leaders is one record).
+
+Time: a recurring window opens and closes at each occurrence (``Closed`` between them), a spent
+budget closes the lease until the next period (``Exhausted``); at each close the lease acts as at
+its end (``Evict`` after the grace period, queued Pods wait). A charged Pod carries when its time
+ends (the annotation ``castops.io/gpu-lease-ends``, kept up to date here) and gets the Event
+EndingSoon ``onExpiry.noticeSeconds`` before its lease ends or it is evicted; a queued Pod carries
+its position and why it waits in its status (condition ``castops.io/GpuLeaseQueued``) and an Event.
 """
 
 from __future__ import annotations
@@ -35,18 +45,19 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from function.contract import CONTROL_EVENT_SOURCE, LEASE_EVENT_TYPES
 from function.control.reconciler import DONE, Context, Emit, Permission, ReconcilerPlugin, Requeue
+from function.core.budget import BudgetNow, Consumed, Period, budget_status, hours_text, time_text
 from function.core.config import Config
 from function.core.leases import (
     API_VERSION,
     CHARGED,
     CHARGED_PODS,
+    ENDS_ANNOTATION,
     FINALIZER,
     GATE,
     GROUP,
@@ -72,8 +83,11 @@ from function.core.leases import (
     until,
     usage_from,
 )
+from function.core.mutators.gpu_leases import budget_numbers, hours
+from function.core.schedule import ZoneTable
 from function.core.view import ClusterView, Record, WatchSpec
 from function.kube.client import APPLY_PATCH, Api, ApiError, collection_path, object_path
+from function.zones import ZONES
 
 if TYPE_CHECKING:
     from function.audit.events import Event
@@ -93,9 +107,12 @@ CONFLICT_RETRY = 0.5
 """After a write refused at a resourceVersion the view had not caught up with (our own last one)."""
 OUTLIVE_RETRY = 5.0
 """While Pods outlive their lease (eviction refused, or slow), how often the leader tries again."""
-HOURS = Decimal("0.000001")
-"""GPU-hours are written to a millionth of an hour (3.6 ms of one GPU): each write adds to the last
-one, so a coarser rounding would add up over the writes."""
+QUEUED_CONDITION = "castops.io/GpuLeaseQueued"
+"""The condition on a queued Pod's status: True with its position and why it waits, False once the
+controller starts it."""
+QUEUED_POSITIONS = 100
+"""A queued Pod's condition is rewritten when its position moves only within the first this many
+(beyond, it says it is further back), so a long queue costs a bounded number of writes per start."""
 
 BOUND_PODS = WatchSpec(
     index="gpu-lease-pods-bound",
@@ -115,57 +132,8 @@ BOUND_PODS = WatchSpec(
 a Pod leaves the selector, arriving as DELETED, when it finishes or is deleted)."""
 
 
-def hours_text(value: Decimal) -> str:
-    return f"{value.quantize(HOURS):f}"
-
-
-def time_text(moment: datetime | None) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else ""
-
-
-def _milli(raw: Any) -> int | None:
-    """A status amount (``"1.5"``) in milli-GPU; None when missing or not one."""
-    if not isinstance(raw, str) or not raw or len(raw) > 24:
-        return None
-    try:
-        value = Decimal(raw) * 1000
-    except InvalidOperation:
-        return None
-    return int(value) if value.is_finite() and value >= 0 else None
-
-
 def _mapping(raw: Any) -> Mapping[str, Any]:
     return raw if isinstance(raw, Mapping) else {}
-
-
-@dataclass(frozen=True)
-class Consumed:
-    """``status.consumed`` as the object shows it: hours up to ``since``, and the milli-GPU bound
-    to nodes from then on."""
-
-    gpu_hours: Decimal = Decimal(0)
-    since: datetime | None = None
-    running: int = 0
-
-    @classmethod
-    def of(cls, status: Mapping[str, Any]) -> Consumed:
-        consumed = _mapping(status.get("consumed"))
-        try:
-            hours = Decimal(str(consumed.get("gpuHours") or "0"))
-        except InvalidOperation:
-            hours = Decimal(0)
-        if not hours.is_finite() or hours < 0:
-            hours = Decimal(0)
-        running = _milli(consumed.get("running"))
-        if running is None:  # written before running was: what was used then
-            running = _milli(status.get("used")) or 0
-        return cls(hours, parse_time(consumed.get("since")), running)
-
-    def hours_at(self, now: datetime) -> Decimal:
-        if self.since is None or now <= self.since:
-            return self.gpu_hours
-        elapsed = Decimal((now - self.since).total_seconds()) / Decimal(3600)
-        return self.gpu_hours + Decimal(self.running) / 1000 * elapsed
 
 
 def conditions_of(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -212,23 +180,35 @@ class Outliving:
 
 
 def desired_status(
-    lease: Lease, usage: Usage, running: int, now: datetime, outliving: Outliving = Outliving()
+    lease: Lease,
+    usage: Usage,
+    running: int,
+    now: datetime,
+    outliving: Outliving = Outliving(),
+    zones: Mapping[str, ZoneTable] = ZONES,
 ) -> dict[str, Any]:
     """The status fields this controller owns (pure), computed from the status the object shows
     (``lease.status``): GPU-hours add what was running since the last write."""
-    phase = lease.phase(now)
-    # Up to the whole second ``since`` is written at: what lies after it is added by the next write
-    # (counted up to ``now`` instead, each write would count its fraction of a second twice).
-    moment = now.replace(microsecond=0)
+    # Up to the millisecond ``since`` is written at: what lies after it is added by the next write
+    # (counted up to ``now`` instead, each write would count its fraction of a millisecond twice).
+    moment = now.replace(microsecond=now.microsecond // 1000 * 1000)
+    phase = lease.phase(moment, zones)
     hours = Consumed.of(lease.status).hours_at(moment)
     overage = max(usage.used - lease.count, 0)
     previous = conditions_of(lease.status)
+    problems = lease.problems or lease.zone_problems(zones)
+    reading = lease.budget_at(moment, zones)
+    opens = lease.opens_at(moment, zones)
+    ends = lease.ends_at(moment, zones)
     messages = {
         Phase.Pending: f"the window starts at {until(lease.start)}",
-        Phase.Active: f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use until {until(lease.end)}",
+        Phase.Active: f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use until {until(ends)}",
+        Phase.Closed: f"the recurring window is closed until {until(opens)}",
+        Phase.Exhausted: f"the budget is spent until {until(opens)}: "
+        + (budget_numbers(reading) if reading is not None else ""),
         Phase.Expired: f"the window ended at {until(lease.end)}",
         Phase.Released: "the lease was deleted; its Pods are released",
-        Phase.Invalid: "invalid, nothing is charged to it: " + "; ".join(lease.problems),
+        Phase.Invalid: "invalid, nothing is charged to it: " + "; ".join(problems),
     }
 
     def condition(kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
@@ -243,7 +223,7 @@ def desired_status(
             "reason": reason,
             "message": message[:1024],
             "observedGeneration": lease.generation,
-            "lastTransitionTime": time_text(now) if moved else shown["lastTransitionTime"],
+            "lastTransitionTime": whole_seconds(now) if moved else shown["lastTransitionTime"],
         }
 
     status: dict[str, Any] = {
@@ -268,18 +248,33 @@ def desired_status(
             ),
             condition(
                 "Valid",
-                not lease.problems,
-                "InvalidSpec" if lease.problems else "Valid",
-                messages[Phase.Invalid] if lease.problems else "the spec is valid",
+                not problems,
+                "InvalidSpec" if problems else "Valid",
+                messages[Phase.Invalid] if problems else "the spec is valid",
             ),
             condition("PodsOutliveLease", outliving.pods > 0, outliving.reason(), outliving.message()),
         ],
     }
-    if lease.start is not None:
-        status["windowStart"] = time_text(lease.start)
-    if lease.end is not None:
-        status["windowEnd"] = time_text(lease.end)
+    start, end = lease.start, lease.end
+    span = lease.span(moment, zones)
+    if span is not None and lease.recurrence is not None and phase in (Phase.Active, Phase.Closed):
+        # The occurrence in force, or the next one while closed.
+        start, end = (span.start, span.end) if span.open else (span.end, None)
+        if not span.open and span.end is not None:
+            end = span.end + lease.recurrence.duration
+        if lease.end is not None and end is not None and end > lease.end:
+            end = lease.end
+    if start is not None:
+        status["windowStart"] = whole_seconds(start)
+    if end is not None:
+        status["windowEnd"] = whole_seconds(end)
+    if reading is not None and lease.budget is not None:
+        status["budget"] = budget_status(reading, lease.budget.period == "Rolling")
     return status
+
+
+def whole_seconds(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
@@ -296,6 +291,13 @@ def differs(desired: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
             now = parse_time(value["since"])
             if since is None or now is None or (now - since).total_seconds() >= RESYNC_SECONDS:
                 return True
+        elif key == "budget":
+            # What moves with the time (hours used, left) is written with GPU-hours; a new period,
+            # a spent budget or a changed limit at once.
+            shown = _mapping(current.get("budget"))
+            for field_name in ("periodStart", "periodEnd", "limit", "exhaustedAt", "history"):
+                if shown.get(field_name) != value.get(field_name):
+                    return True
         elif key == "conditions":
             shown_conditions = conditions_of(current)
             for wanted in value:
@@ -346,10 +348,44 @@ class LeaseMetrics:
             labels,
             registry=registry,
         )
-        self._gauges = (self.capacity, self.used, self.queued, self.overage, self.invalid, self.outliving)
+        self.budget = Gauge(
+            "castslice_gpulease_budget_gpu_hours",
+            "GPU-hours a GpuLease's budget allows per period (spec.budget.gpuHours).",
+            labels,
+            registry=registry,
+        )
+        self.budget_used = Gauge(
+            "castslice_gpulease_budget_used_gpu_hours",
+            "GPU-hours used of the budget in the current period (Rolling: in the window).",
+            labels,
+            registry=registry,
+        )
+        self.period_end = Gauge(
+            "castslice_gpulease_budget_period_end_timestamp_seconds",
+            "When the budget's current period ends (Unix time).",
+            labels,
+            registry=registry,
+        )
+        self._gauges = (
+            self.capacity,
+            self.used,
+            self.queued,
+            self.overage,
+            self.invalid,
+            self.outliving,
+            self.budget,
+            self.budget_used,
+            self.period_end,
+        )
 
-    def show(self, lease: Lease, usage: Usage, outliving: Outliving) -> None:
+    def show(
+        self, lease: Lease, usage: Usage, outliving: Outliving, reading: BudgetNow | None = None
+    ) -> None:
         labels = (lease.namespace, lease.name, lease.model)
+        if reading is not None:
+            self.budget.labels(*labels).set(float(reading.limit))
+            self.budget_used.labels(*labels).set(float(reading.used))
+            self.period_end.labels(*labels).set(reading.end.timestamp())
         self.capacity.labels(*labels).set(gpu_float(lease.count))
         self.used.labels(*labels).set(gpu_float(usage.used))
         self.queued.labels(*labels).set(gpu_float(usage.queued))
@@ -408,6 +444,12 @@ class Step:
     status: Mapping[str, Any]
     message: str
     pod: ChargedPod | None = None
+    gist: str = ""
+    """What makes it news (told once per gist); "" is the message itself."""
+    period: Period | None = None
+    """PeriodClosed: the period closed (the chargeback record)."""
+    event_id: str = ""
+    """The CloudEvent's id when it must be the same whoever tells it (a chargeback record)."""
 
 
 class LeaseReconciler:
@@ -417,15 +459,17 @@ class LeaseReconciler:
         # patch: our finalizer, by apply (the view has the lease; no get).
         Permission(GROUP, PLURAL, ("patch",)),
         Permission(GROUP, f"{PLURAL}/status", ("patch",)),
-        Permission("", "pods", ("patch",)),  # ungating: the gate and the state label
+        Permission("", "pods", ("patch",)),  # ungating: the gate and the state label; the end
+        Permission("", "pods/status", ("patch",)),  # a queued Pod's condition
         Permission("", "pods/eviction", ("create",)),
         Permission("", "events", ("create",)),
     )
     resync_seconds: float = RESYNC_SECONDS
 
-    def __init__(self, api: Api, emit: Tell | None = None) -> None:
+    def __init__(self, api: Api, emit: Tell | None = None, zones: Mapping[str, ZoneTable] = ZONES) -> None:
         self.api = api
         self.emit: Tell = emit or (lambda step: None)
+        self.zones = zones
         self.metrics: LeaseMetrics | None = None
         # Memory of this term only (``forget_term`` drops it when the lead is lost): what a new
         # leader needs is on the objects themselves.
@@ -437,6 +481,11 @@ class LeaseReconciler:
         self._refused: dict[str, str] = {}
         """Pod uid -> the key of its lease, while its last eviction was refused (a
         PodDisruptionBudget said no)."""
+        self._marked: dict[str, tuple[str, int, str]] = {}
+        """Pod uid -> (lease key, position, why) its queued condition says (written in this term)."""
+        self._term_began: datetime | None = None
+        """The first reconcile of this term: a Pod created before it may carry a previous leader's
+        queued condition."""
 
     def register(self, registry: CollectorRegistry) -> None:
         self.metrics = LeaseMetrics(registry)
@@ -446,6 +495,8 @@ class LeaseReconciler:
         self._ungated.clear()
         self._told.clear()
         self._refused.clear()
+        self._marked.clear()
+        self._term_began = None
         if self.metrics is not None:
             self.metrics.clear()
 
@@ -488,31 +539,50 @@ class LeaseReconciler:
             ),
             key=queue_order,
         )
+        if self._term_began is None:
+            self._term_began = ctx.now
         self._forget_pods_gone(lease, pods)
         usage = self._usage(lease, ctx.view, pods)
         running = self._running(lease, ctx.view)
-        phase = lease.phase(ctx.now)
+        zones = self.zones
+        phase = lease.phase(ctx.now, zones)
         steps: list[Step] = []
         if lease.deleting:
             steps += self._evict_all(lease, pods, ctx.now)
         else:
             if not lease.finalized and not lease.problems:
                 self._apply_finalizer(lease, keep=True)
-            if lease.enforcement == Enforcement.Queue and phase in (Phase.Active, Phase.Pending):
+            if phase == Phase.Active:
+                self._keep_ends(lease, pods, ctx.now)
+            if lease.enforcement == Enforcement.Queue and phase in (
+                Phase.Active,
+                Phase.Pending,
+                Phase.Closed,
+                Phase.Exhausted,
+            ):
                 usage, queued_steps = self._ungate(lease, pods, usage, phase, ctx.now)
                 steps += queued_steps
             evict_at = self._evict_at(lease)
             if evict_at is not None and ctx.now >= evict_at:
                 steps += self._evict_all(lease, pods, ctx.now)
+            else:
+                closed_since = self._closed_since(lease, ctx.now)
+                if (
+                    closed_since is not None
+                    and lease.on_expiry == ExpiryAction.Evict
+                    and ctx.now >= closed_since + timedelta(seconds=lease.grace_seconds)
+                ):
+                    steps += self._evict_all(lease, [p for p in pods if p.state != QUEUED], ctx.now)
+            steps += self._notices(lease, pods, running, ctx.now)
         outliving = self._outliving(lease, pods, ctx.now)
-        desired = desired_status(lease, usage, running, ctx.now, outliving)
-        steps = self._lifecycle(lease, desired) + steps
+        desired = desired_status(lease, usage, running, ctx.now, outliving, zones)
+        steps = self._lifecycle(lease, desired) + self._closed_periods(lease, desired, ctx.now) + steps
         for step in steps:
             self._tell(step)
         if differs(desired, lease.status) and not self._apply_status(lease, desired):
             return Requeue(CONFLICT_RETRY)
         if self.metrics is not None:
-            self.metrics.show(lease, usage, outliving)
+            self.metrics.show(lease, usage, outliving, lease.budget_at(ctx.now, zones))
         if lease.deleting and not pods:
             if lease.finalized:
                 self._apply_finalizer(lease, keep=False)
@@ -520,7 +590,114 @@ class LeaseReconciler:
             if self.metrics is not None:
                 self.metrics.forget(lease.namespace, lease.name)
             return DONE
-        return Requeue(self._next_boundary(lease, ctx.now, pods))
+        return Requeue(self._next_boundary(lease, ctx.now, pods, running))
+
+    # -- time ------------------------------------------------------------------------------------
+    def _closed_since(self, lease: Lease, now: datetime) -> datetime | None:
+        """While a recurring window is closed or the budget spent: since when (the grace of
+        ``Evict`` counts from it); None otherwise."""
+        phase = lease.phase(now, self.zones)
+        if phase == Phase.Closed:
+            span = lease.span(now, self.zones)
+            return span.start if span is not None else None
+        if phase == Phase.Exhausted:
+            reading = lease.budget_at(now, self.zones)
+            return reading.exhausted_at if reading is not None else None
+        return None
+
+    def _deadline(self, lease: Lease, now: datetime, running: int) -> tuple[datetime, str] | None:
+        """When the lease's running Pods meet its end (evicted, with ``Evict``; the lease ends,
+        with ``StopAdmitting``), and what that is: the notice's subject."""
+        evict = lease.on_expiry == ExpiryAction.Evict
+        grace = timedelta(seconds=lease.grace_seconds)
+        phase = lease.phase(now, self.zones)
+        if phase == Phase.Active:
+            found: list[tuple[datetime, str]] = []
+            ends = lease.ends_at(now, self.zones)
+            if ends is not None:
+                what = "ends" if ends == lease.end else "closes (recurring window)"
+                said = f"the lease {what} at {until(ends)}"
+                found.append(
+                    (ends + grace, f"{said}; the Pod is evicted at {until(ends + grace)}")
+                    if evict
+                    else (ends, said)
+                )
+            reading = lease.budget_at(now, self.zones)
+            spent = reading.exhausts_at(now) if reading is not None else None
+            if spent is not None and evict:
+                found.append(
+                    (
+                        spent + grace,
+                        f"the budget runs out at about {until(spent)} at the current use; the Pod is "
+                        f"evicted at about {until(spent + grace)}",
+                    )
+                )
+            return min(found) if found else None
+        if evict and phase in (Phase.Closed, Phase.Exhausted, Phase.Expired):
+            since = lease.end if phase == Phase.Expired else self._closed_since(lease, now)
+            if since is not None and now < since + grace:
+                evicted = until(since + grace)
+                return since + grace, f"the lease stopped at {until(since)}; the Pod is evicted at {evicted}"
+        return None
+
+    def _notices(self, lease: Lease, pods: list[ChargedPod], running: int, now: datetime) -> list[Step]:
+        """EndingSoon on each running Pod ``noticeSeconds`` before its deadline."""
+        deadline = self._deadline(lease, now, running) if lease.notice_seconds else None
+        if deadline is None:
+            return []
+        moment, what = deadline
+        if not moment - timedelta(seconds=lease.notice_seconds) <= now < moment:
+            return []
+        seconds = int((moment - now).total_seconds())
+        return [
+            Step(
+                "EndingSoon",
+                lease,
+                {},
+                f"gpu lease {lease.name}: {what} (in {seconds}s): checkpoint now",
+                pod,
+                gist=what.split(";")[0].split(" at about ")[0] if "budget" in what else what,
+            )
+            for pod in pods
+            if pod.state != QUEUED and not pod.terminating
+        ]
+
+    def _keep_ends(self, lease: Lease, pods: list[ChargedPod], now: datetime) -> None:
+        """Each running Pod's ENDS_ANNOTATION says when its lease's time ends now (the window was
+        moved, or the next occurrence of a recurring window holds it)."""
+        ends = lease.ends_at(now, self.zones)
+        text = until(ends) if ends is not None else ""
+        for pod in pods:
+            if pod.state == QUEUED or pod.terminating or pod.ends == text or pod.uid in self._ungated:
+                continue
+            patch = {"metadata": {"annotations": {ENDS_ANNOTATION: text or None}}}
+            path = object_path("", "v1", "pods", pod.namespace, pod.name)
+            response = self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE)
+            if not response.ok and response.status != 404:
+                raise ApiError(f"annotate pod {pod.namespace}/{pod.name}", response)
+
+    def _closed_periods(self, lease: Lease, desired: Mapping[str, Any], now: datetime) -> list[Step]:
+        """PeriodClosed for each budget period that ended since the status's (a chargeback record)."""
+        moment = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        reading = lease.budget_at(moment, self.zones)
+        if reading is None or lease.budget is None:
+            return []
+        steps = []
+        for period in reading.closed:
+            limit = "" if lease.budget.period == "Rolling" else f" of {hours(reading.limit)} budgeted"
+            steps.append(
+                Step(
+                    "PeriodClosed",
+                    lease,
+                    desired,
+                    f"budget period {until(period.start)} .. {until(period.end)} closed: "
+                    f"{hours(period.gpu_hours)} GPU-hours used{limit}",
+                    period=period,
+                    gist=time_text(period.start),
+                    event_id=f"{lease.uid}/{time_text(period.start)}",
+                )
+            )
+        return steps
 
     # -- counting --------------------------------------------------------------------------------
     def _usage(self, lease: Lease, view: ClusterView, pods: list[ChargedPod]) -> Usage:
@@ -556,11 +733,16 @@ class LeaseReconciler:
     ) -> tuple[Usage, list[Step]]:
         waiting = [p for p in pods if p.state == QUEUED and p.uid not in self._ungated and not p.terminating]
         left: list[tuple[ChargedPod, str]] = []
+        opens = lease.opens_at(now, self.zones) if phase != Phase.Active else None
         for pod in waiting:
             if left or phase != Phase.Active or usage.used + pod.charge > lease.count:
                 # Strict order: a large Pod at the head is not starved by smaller ones behind it.
                 if phase == Phase.Pending:
                     why = f"the lease's window starts at {until(lease.start)}"
+                elif phase == Phase.Closed:
+                    why = f"the lease's recurring window opens at {until(opens)}"
+                elif phase == Phase.Exhausted:
+                    why = f"the lease's budget is spent until its next period at {until(opens)}"
                 elif left:
                     why = "a Pod ahead of it waits for room"
                 else:
@@ -569,8 +751,10 @@ class LeaseReconciler:
                         f"this Pod needs {gpus(pod.charge)}"
                     )
                 left.append((pod, why))
-            elif self._start(lease, pod):
+            elif self._start(lease, pod, now):
                 usage = usage.plus(Usage(used=pod.charge, queued=-pod.charge))
+        for position, (pod, why) in enumerate(left, start=1):
+            self._mark_queued(lease, pod, position, len(left), why)
         steps = [
             Step(
                 "Queued",
@@ -584,11 +768,12 @@ class LeaseReconciler:
         ]
         return usage, steps
 
-    def _start(self, lease: Lease, pod: ChargedPod) -> bool:
-        patch = {
-            "metadata": {"labels": {STATE_LABEL: CHARGED}},
-            "spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]},
-        }
+    def _start(self, lease: Lease, pod: ChargedPod, now: datetime) -> bool:
+        ends = lease.ends_at(now, self.zones)
+        metadata: dict[str, Any] = {"labels": {STATE_LABEL: CHARGED}}
+        if ends is not None:
+            metadata["annotations"] = {ENDS_ANNOTATION: until(ends)}
+        patch = {"metadata": metadata, "spec": {"schedulingGates": [{"$patch": "delete", "name": GATE}]}}
         path = object_path("", "v1", "pods", pod.namespace, pod.name)
         response = self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE)
         if response.status == 404:
@@ -597,7 +782,43 @@ class LeaseReconciler:
             raise ApiError(f"ungate pod {pod.namespace}/{pod.name}", response)
         self._ungated[pod.uid] = (lease.key, pod.charge)
         log.info("gpu lease %s: started %s/%s (%s GPU)", lease.key, pod.namespace, pod.name, gpus(pod.charge))
+        marked = self._marked.pop(pod.uid, None)
+        earlier_term = self._term_began is not None and pod.created < time_text(self._term_began)
+        if marked is not None or earlier_term:
+            self._queued_condition(pod, False, "Started", f"started by gpu lease {lease.name}: it fits")
         return True
+
+    def _mark_queued(self, lease: Lease, pod: ChargedPod, position: int, total: int, why: str) -> None:
+        """The queued Pod's condition: its position and why it waits, rewritten when either moves
+        (a position only within the first QUEUED_POSITIONS)."""
+        shown = min(position, QUEUED_POSITIONS + 1)
+        if self._marked.get(pod.uid) == (lease.key, shown, why):
+            return
+        where = (
+            f"position {position} of {total}"
+            if position <= QUEUED_POSITIONS
+            else f"position {QUEUED_POSITIONS + 1} or later of {total}"
+        )
+        message = f"queued by gpu lease {lease.name}: {where} (priority, then age); waits because {why}"
+        if self._queued_condition(pod, True, _queued_reason(why), message):
+            self._marked[pod.uid] = (lease.key, shown, why)
+
+    def _queued_condition(self, pod: ChargedPod, queued: bool, reason: str, message: str) -> bool:
+        condition = {
+            "type": QUEUED_CONDITION,
+            "status": "True" if queued else "False",
+            "reason": reason,
+            "message": message[:1024],
+            "lastTransitionTime": whole_seconds(datetime.now(UTC)),
+        }
+        path = object_path("", "v1", "pods", pod.namespace, pod.name, "status")
+        body = {"status": {"conditions": [condition]}}
+        response = self.api.request("PATCH", path, body=body, content_type=STRATEGIC_MERGE)
+        if not response.ok and response.status != 404:
+            log.warning(
+                "condition of queued pod %s/%s not written: %s", pod.namespace, pod.name, response.message()
+            )
+        return response.ok
 
     # -- expiry and release ----------------------------------------------------------------------
     def _evict_at(self, lease: Lease) -> datetime | None:
@@ -731,7 +952,14 @@ class LeaseReconciler:
         phase, shown = desired["phase"], lease.status.get("phase")
         conditions = {c["type"]: c for c in desired["conditions"]}
         if phase != shown:
-            step = {"Active": "Activated", "Expired": "Expired", "Released": "Released", "Invalid": "Invalid"}
+            step = {
+                "Active": "Activated",
+                "Closed": "Closed",
+                "Exhausted": "Exhausted",
+                "Expired": "Expired",
+                "Released": "Released",
+                "Invalid": "Invalid",
+            }
             if phase in step:
                 message = conditions["Active"]["message"]
                 if phase == "Invalid":
@@ -753,11 +981,20 @@ class LeaseReconciler:
         told = self._told.setdefault(step.lease.key, {})
         # A queued Pod's position moves with every Pod started ahead of it: told again when why it
         # waits changes, not for each position.
-        gist = step.message.split("; waits because ", 1)[-1] if step.step == "Queued" else step.message
+        gist = step.gist or (
+            step.message.split("; waits because ", 1)[-1] if step.step == "Queued" else step.message
+        )
         if told.get((subject.uid, step.step)) == gist:
             return
         told[(subject.uid, step.step)] = gist
-        warning = step.step in ("OverCommitted", "Invalid", "EvictionBlocked", "FinalizerBlocks")
+        warning = step.step in (
+            "OverCommitted",
+            "Invalid",
+            "EvictionBlocked",
+            "FinalizerBlocks",
+            "Exhausted",
+            "EndingSoon",
+        )
         self._event(subject, step, "Warning" if warning else "Normal")
         self.emit(step)
 
@@ -791,8 +1028,22 @@ class LeaseReconciler:
                 response.message(),
             )
 
-    def _next_boundary(self, lease: Lease, now: datetime, pods: list[ChargedPod]) -> float | None:
+    def _next_boundary(
+        self, lease: Lease, now: datetime, pods: list[ChargedPod], running: int = 0
+    ) -> float | None:
         moments = [lease.start, lease.end]
+        span = lease.span(now, self.zones)
+        if span is not None:
+            moments.append(span.end)  # the occurrence ends, or the next one starts
+        reading = lease.budget_at(now, self.zones)
+        if reading is not None:
+            moments += [reading.end, reading.exhausts_at(now)]  # a new period; the budget spent
+        closed_since = self._closed_since(lease, now)
+        if closed_since is not None and pods:
+            moments.append(closed_since + timedelta(seconds=lease.grace_seconds))
+        deadline = self._deadline(lease, now, running)
+        if deadline is not None and pods:
+            moments += [deadline[0], deadline[0] - timedelta(seconds=lease.notice_seconds)]
         evict_at = self._evict_at(lease)
         if evict_at is not None and pods:
             moments.append(evict_at if evict_at > now else now + timedelta(seconds=OUTLIVE_RETRY))
@@ -802,6 +1053,17 @@ class LeaseReconciler:
         if not ahead:
             return None
         return max((min(ahead) - now).total_seconds(), 0.0) + 0.05
+
+
+def _queued_reason(why: str) -> str:
+    """The queued condition's reason, from why the Pod waits (Kueue's words where they fit)."""
+    if "window starts" in why:
+        return "LeaseNotStarted"
+    if "recurring window" in why:
+        return "WindowClosed"
+    if "budget" in why:
+        return "BudgetExhausted"
+    return "WaitingForQuota"
 
 
 def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Event:
@@ -821,6 +1083,14 @@ def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Event:
     }
     if step.pod is not None:
         data["pod"] = {"namespace": step.pod.namespace, "name": step.pod.name, "uid": step.pod.uid}
+    if step.period is not None and lease.budget is not None:
+        data["period"] = {
+            "start": time_text(step.period.start),
+            "end": time_text(step.period.end),
+            "gpuHours": hours_text(step.period.gpu_hours),
+            "kind": lease.budget.period,
+            "budgetGpuHours": hours_text(lease.budget.limit),
+        }
     return Event(
         type=LEASE_EVENT_TYPES[step.step],
         source=source,
@@ -828,6 +1098,10 @@ def lifecycle_event(step: Step, source: str = EVENT_SOURCE) -> Event:
         data=data,
         dataschema=LEASE_DATASCHEMA_URI,
         filters={"podnamespace": lease.namespace},
+        # A chargeback record is the same whoever tells it, and when: its id names the lease and
+        # the period, its time is the period's end (a consumer keeps one record per id).
+        time=step.period.end if step.period is not None else None,
+        id=step.event_id or None,
     )
 
 

@@ -28,11 +28,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from function.core.budget import BudgetNow
 from function.core.configtypes import MutatorConfig, PositiveInt, ResourceName, check_resource_name
 from function.core.leases import (
     AUDIT,
@@ -41,6 +43,7 @@ from function.core.leases import (
     CHARGED_PODS,
     CHOICE_ANNOTATION,
     DECISION_ANNOTATION,
+    ENDS_ANNOTATION,
     FORGED_ANNOTATION,
     GATE,
     LEASE_LABEL,
@@ -75,6 +78,7 @@ from function.core.mutators.base import MutatorResult, RequestContext
 from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.core.placement import BUILTIN_SCHEMES, PLACEMENT_LABEL, SPOT, apply_spot_mode
 from function.core.pod import Pod, annotations_of, ensure_map, fit_warning, labels_of
+from function.core.schedule import NO_ZONES, ZONES_INDEX, ZoneTable
 from function.core.view import ClusterView, WatchSpec
 
 NAME = "gpu-leases"
@@ -95,6 +99,8 @@ REASONS = (
     "Overflow",
     "ViewNotReady",
     "ForgedStamp",
+    "WindowClosed",
+    "BudgetExhausted",
     "UnknownGpuResource",
     "UnknownClaim",
     "NotCharged",
@@ -205,6 +211,11 @@ def lease_required(view: ClusterView, namespace: str, require_everywhere: bool) 
     return require_everywhere or namespace in view.index(LEASE_NAMESPACES.index)
 
 
+def zones_of(view: ClusterView) -> Mapping[str, ZoneTable]:
+    """The time zones the edge knows (index ZONES_INDEX; without it, UTC only)."""
+    return view.index(ZONES_INDEX)
+
+
 # -- the decision -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Verdict:
@@ -220,10 +231,13 @@ class Verdict:
     admit: bool = True
     inject_model: bool = False
     warnings: tuple[str, ...] = ()
+    ends: datetime | None = None
+    """When the time the Pod is admitted for ends (ENDS_ANNOTATION)."""
+    budget: BudgetNow | None = None
 
 
-def _order(lease: Lease, now: datetime) -> tuple[int, int, str, str]:
-    active = 0 if lease.phase(now) == Phase.Active else 1
+def _order(lease: Lease, now: datetime, zones: Mapping[str, ZoneTable]) -> tuple[int, int, str, str]:
+    active = 0 if lease.phase(now, zones) == Phase.Active else 1
     created = lease.created.isoformat() if lease.created else ""
     return (active, -lease.priority, created, lease.name)
 
@@ -365,7 +379,8 @@ class GpuLeases:
         lease, pin = chosen
         if lease.model != (models.exactly or "") and depends_on_model(pod, self.units):
             charge = pod_charge(pod, self.units, lease.model)  # a slice's or a memory size's share
-        verdict = self._judge(lease, charge, lease_usage(view, lease.charged_key, replacing), now, pin)
+        usage = lease_usage(view, lease.charged_key, replacing)
+        verdict = self._judge(lease, charge, usage, now, pin, zones_of(view))
         if warnings:
             return replace(verdict, warnings=verdict.warnings + warnings)
         return verdict
@@ -381,7 +396,8 @@ class GpuLeases:
         """The lease, and whether to pin the Pod to its model (it may run on another model)."""
         namespace = leases[0].namespace
         labels = labels_of(pod)
-        valid = [lease for lease in leases if not lease.problems]
+        zones = zones_of(view)
+        valid = [lease for lease in leases if not lease.problems and not lease.zone_problems(zones)]
         label = self.config.modelLabel
         charge = pod_charge(pod, self.units, models.exactly or "")
         named = annotations_of(pod).get(CHOICE_ANNOTATION)
@@ -446,10 +462,11 @@ class GpuLeases:
     def _best(self, pod: Pod, leases: list[Lease], now: datetime, view: ClusterView, replacing: str) -> Lease:
         if len(leases) == 1:
             return leases[0]
-        ordered = sorted(leases, key=lambda lease: _order(lease, now))
+        zones = zones_of(view)
+        ordered = sorted(leases, key=lambda lease: _order(lease, now, zones))
         for lease in ordered:
             if (
-                lease.phase(now) == Phase.Active
+                lease.phase(now, zones) == Phase.Active
                 and lease_usage(view, lease.charged_key, replacing).used
                 + pod_charge(pod, self.units, lease.model)
                 <= lease.count
@@ -457,52 +474,61 @@ class GpuLeases:
                 return lease
         return ordered[0]
 
-    def _judge(self, lease: Lease, charge: int, usage: Usage, now: datetime, inject: bool) -> Verdict:
+    def _judge(
+        self,
+        lease: Lease,
+        charge: int,
+        usage: Usage,
+        now: datetime,
+        inject: bool,
+        zones: Mapping[str, ZoneTable] = NO_ZONES,
+    ) -> Verdict:
         head = f"gpu lease {lease.name} ({lease.model})"
+        phase = lease.phase(now, zones)
+        ends = lease.ends_at(now, zones)
+        reading = lease.budget_at(now, zones)
         numbers = (
             f"{gpus(usage.used)} of {gpus(lease.count)} GPU in use, this Pod needs {gpus(charge)}, "
-            f"window ends {until(lease.end)}"
+            f"window ends {until(ends)}"
         )
+        if reading is not None:
+            numbers += f"; {budget_numbers(reading)}"
         audit = lease.enforcement == Enforcement.Audit
-        phase = lease.phase(now)
-        if phase == Phase.Pending:
-            if lease.enforcement == Enforcement.Queue:
-                return self._admit(
-                    "Queued",
-                    f"{head}: queued until the window starts at {until(lease.start)}",
-                    lease,
-                    charge,
-                    usage,
-                    QUEUED,
-                    inject,
+        judged = _Judged(self, lease, charge, usage, inject, ends, reading)
+        if phase in (Phase.Pending, Phase.Closed, Phase.Exhausted):
+            opens = lease.opens_at(now, zones)
+            if phase == Phase.Pending:
+                reason, closed = "LeaseNotStarted", f"starts at {until(lease.start)}"
+                waits = f"until the window starts at {until(lease.start)}"
+            elif phase == Phase.Closed:
+                assert lease.recurrence is not None
+                reason = "WindowClosed"
+                closed = (
+                    f"is closed until {until(opens)} (open {lease.recurrence.cron.text!r} for "
+                    f"{_duration(lease.recurrence.duration)}, {lease.recurrence.zone or 'UTC'})"
                 )
-            text = f"{head} starts at {until(lease.start)}; remedy: create the Pod then, or enforcement Queue"
+                waits = f"until the window opens at {until(opens)}"
+            else:
+                assert reading is not None
+                reason = "BudgetExhausted"
+                closed = f"has spent its budget: {budget_numbers(reading)}"
+                waits = f"until the budget's next period at {until(reading.end)}"
+            if lease.enforcement == Enforcement.Queue and (opens is not None or phase == Phase.Pending):
+                return judged.admit("Queued", f"{head}: queued {waits}", QUEUED)
+            remedy = (
+                "ask for a bigger budget, wait for the next period, or use enforcement Queue"
+                if phase == Phase.Exhausted
+                else "create the Pod then, or enforcement Queue"
+            )
+            text = f"{head} {closed}; remedy: {remedy}"
             if audit:
-                return self._admit(
-                    "LeaseNotStarted",
-                    f"{head}: audit: would be refused: LeaseNotStarted",
-                    lease,
-                    charge,
-                    usage,
-                    AUDIT,
-                    inject,
-                    text,
-                )
-            return self._refuse("LeaseNotStarted", text, charge, lease, usage)
+                return judged.admit(reason, refused(head, reason), AUDIT, text)
+            return self._refuse(reason, text, charge, lease, usage)
         if phase in (Phase.Expired, Phase.Released):
             ended = "was deleted" if phase == Phase.Released else f"ended at {until(lease.end)}"
             text = f"{head} {ended}; remedy: ask for a new lease or an extension of this one"
             if audit:
-                return self._admit(
-                    "LeaseExpired",
-                    f"{head}: audit: would be refused: LeaseExpired",
-                    lease,
-                    charge,
-                    usage,
-                    AUDIT,
-                    inject,
-                    text,
-                )
+                return judged.admit("LeaseExpired", refused(head, "LeaseExpired"), AUDIT, text)
             return self._refuse("LeaseExpired", text, charge, lease, usage)
         preemptible = lease.overflow == Overflow.Preemptible
         if charge > lease.count:
@@ -511,66 +537,23 @@ class GpuLeases:
                 " remedy: ask for fewer GPUs or a bigger lease"
             )
             if preemptible:
-                return self._admit(
-                    "Overflow",
-                    f"{head}: beyond the lease, on spot ({numbers})",
-                    lease,
-                    charge,
-                    usage,
-                    OVERFLOW,
-                    inject,
-                )
+                return judged.admit("Overflow", f"{head}: beyond the lease, on spot ({numbers})", OVERFLOW)
             if audit:
-                return self._admit(
-                    "ExceedsLease",
-                    f"{head}: audit: would be refused: ExceedsLease",
-                    lease,
-                    charge,
-                    usage,
-                    AUDIT,
-                    inject,
-                    text,
-                )
+                return judged.admit("ExceedsLease", refused(head, "ExceedsLease"), AUDIT, text)
             return self._refuse("ExceedsLease", text, charge, lease, usage)
         if lease.enforcement == Enforcement.Queue:
-            return self._admit(
-                "Queued",
-                f"{head}: queued, started by the controller when it fits ({numbers})",
-                lease,
-                charge,
-                usage,
-                QUEUED,
-                inject,
-            )
+            text = f"{head}: queued, started by the controller when it fits ({numbers})"
+            return judged.admit("Queued", text, QUEUED)
         if usage.used + charge <= lease.count:
-            return self._admit(
-                "Charged", f"{head}: charged ({numbers})", lease, charge, usage, CHARGED, inject
-            )
+            return judged.admit("Charged", f"{head}: charged ({numbers})", CHARGED)
         if preemptible:
-            return self._admit(
-                "Overflow",
-                f"{head}: beyond the lease, on spot ({numbers})",
-                lease,
-                charge,
-                usage,
-                OVERFLOW,
-                inject,
-            )
+            return judged.admit("Overflow", f"{head}: beyond the lease, on spot ({numbers})", OVERFLOW)
         text = (
             f"{head}: {numbers}; remedy: wait for a Pod of the lease to finish, ask for a bigger lease, "
             "or use enforcement Queue"
         )
         if audit:
-            return self._admit(
-                "LeaseExhausted",
-                f"{head}: audit: would be refused: LeaseExhausted",
-                lease,
-                charge,
-                usage,
-                AUDIT,
-                inject,
-                text,
-            )
+            return judged.admit("LeaseExhausted", refused(head, "LeaseExhausted"), AUDIT, text)
         return self._refuse("LeaseExhausted", text, charge, lease, usage)
 
     def _admit(
@@ -583,6 +566,8 @@ class GpuLeases:
         state: str,
         inject: bool,
         refusal: str = "",
+        ends: datetime | None = None,
+        reading: BudgetNow | None = None,
     ) -> Verdict:
         warnings: list[str] = []
         if refusal:
@@ -611,8 +596,21 @@ class GpuLeases:
                     ": Pod queued (scheduling gate) until it fits the lease",
                 )
             )
+        if (
+            reading is not None
+            and state in (CHARGED, AUDIT)
+            and reading.used * 100 >= self.config.warnAtPercent * reading.limit
+        ):
+            warnings.append(
+                fit_warning(
+                    f"castslice: gpu lease {lease.name} budget at {reading.used * 100 // reading.limit}%",
+                    f" ({budget_numbers(reading)})",
+                )
+            )
         message = f"{reason}: {text}"
-        return Verdict(reason, message, lease, charge, usage, state, True, inject, tuple(warnings))
+        return Verdict(
+            reason, message, lease, charge, usage, state, True, inject, tuple(warnings), ends, reading
+        )
 
     # -- stamping --------------------------------------------------------------------------------
     def stamp(self, pod: Pod, ctx: RequestContext, verdict: Verdict, decision: str) -> None:
@@ -630,6 +628,9 @@ class GpuLeases:
         priority = spec.get("priority")
         if isinstance(priority, int) and not isinstance(priority, bool) and priority:
             annotations[PRIORITY_ANNOTATION] = str(priority)
+        if verdict.ends is not None and verdict.state != QUEUED:
+            # Readable by the Pod through the downward API; a queued Pod gets it when it starts.
+            annotations[ENDS_ANNOTATION] = until(verdict.ends)
         if verdict.inject_model:
             ensure_map(spec, "nodeSelector")[self.config.modelLabel] = lease.model
         if verdict.state == QUEUED:
@@ -641,6 +642,58 @@ class GpuLeases:
         if verdict.state == OVERFLOW:
             apply_spot_mode(pod, "only-spot", self.scheme)
             labels[PLACEMENT_LABEL] = SPOT
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One judgement's fixed parts, so each answer names only what differs."""
+
+    leases: GpuLeases
+    lease: Lease
+    charge: int
+    usage: Usage
+    inject: bool
+    ends: datetime | None
+    reading: BudgetNow | None
+
+    def admit(self, reason: str, text: str, state: str, refusal: str = "") -> Verdict:
+        return self.leases._admit(
+            reason,
+            text,
+            self.lease,
+            self.charge,
+            self.usage,
+            state,
+            self.inject,
+            refusal,
+            self.ends,
+            self.reading,
+        )
+
+
+def refused(head: str, reason: str) -> str:
+    return f"{head}: audit: would be refused: {reason}"
+
+
+def budget_numbers(reading: BudgetNow) -> str:
+    """A budget's figures as an answer names them: used, left, and when the period ends."""
+    window = "in the last window" if reading.history or reading.start == reading.end else "this period"
+    return (
+        f"budget {hours(reading.used)} of {hours(reading.limit)} GPU-hours used {window}, "
+        f"{hours(reading.left)} left, period ends {until(reading.end)}"
+    )
+
+
+def hours(value: Decimal) -> str:
+    """GPU-hours for people: to 4 decimals (a third of a GPU-second), trailing zeros dropped."""
+    text = f"{value.quantize(Decimal('0.0001')):f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _duration(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    parts = [(seconds // 3600, "h"), (seconds % 3600 // 60, "m"), (seconds % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
 
 
 def remove_stamp(pod: Pod) -> bool:
