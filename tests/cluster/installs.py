@@ -34,21 +34,30 @@ INSTALL_SECONDS = 420.0
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 
 
-def user_copy(image: tuple[str, str] = IMAGE) -> Path:
-    """A copy of knative/ with the edits a user makes: the image, and in overlays/knative-route
-    the GPU-leases and controller components uncommented."""
-    root = Path(tempfile.mkdtemp(prefix="castslice-knative-")) / "knative"
+def user_copy(into: Path, image: tuple[str, str] = IMAGE) -> Path:
+    """A copy of knative/ under ``into`` (the cluster's work dir: it goes with the cluster) with
+    the edits a user makes: the image, in overlays/knative-route the GPU-leases and controller
+    components uncommented (in overlays/deployment GPU leases only: install_plain takes its
+    webhook), and the GPU-leases mutator enabled in base/config.yaml."""
+    root = Path(tempfile.mkdtemp(prefix="user-", dir=into)) / "knative"
     shutil.copytree(KNATIVE_DIR, root)
     settings = root / "components/settings/kustomization.yaml"
     text = settings.read_text()
     text = re.sub(r"newName: \S+", f"newName: {image[0]}", text)
     text = re.sub(r"newTag: \S+", f"newTag: {image[1]}", text)
     settings.write_text(text)
+    # components/gpu-leases: "Enable the mutator with gpuLeases.enabled: true in base/config.yaml".
+    config = root / "base/config.yaml"
+    config.write_text(config.read_text() + "\ngpuLeases:\n  enabled: true\n")
     route = root / "overlays/knative-route/kustomization.yaml"
     text = route.read_text()
     for component in ("gpu-leases", "controller"):
         text = text.replace(f"  # - ../../components/{component}", f"  - ../../components/{component}")
     route.write_text(text)
+    # The plain Deployment beside it (install_plain) reads GpuLeases too: the component's RBAC.
+    plain = root / "overlays/deployment/kustomization.yaml"
+    text = plain.read_text().replace("  # - ../../components/gpu-leases", "  - ../../components/gpu-leases")
+    plain.write_text(text)
     return root
 
 
@@ -64,6 +73,7 @@ class Installs:
         self.cluster = cluster
         self._platform = False
         self._knative_route: KnativeRoute | None = None
+        self._eventing = False
 
     def platform(self) -> RealCluster:
         if not self._platform:
@@ -78,9 +88,37 @@ class Installs:
             self._knative_route = install_knative_route(self.cluster)
         return self._knative_route
 
+    def remove_castslice(self) -> None:
+        """The Knative install (with eventing if added) deleted as a user deletes it, ``kubectl
+        delete -k`` of the overlay applied, and waited for: its namespace and cluster-scoped
+        objects are free for another install."""
+        if self._knative_route is None:
+            return
+        overlay = EVENTING_OVERLAY if self._eventing else "knative-route-host"
+        path = self._knative_route.tree / "overlays" / overlay
+        done = subprocess.run(
+            [*kubectl(self.cluster), "delete", "-k", str(path), "--ignore-not-found", "--timeout=300s"],
+            capture_output=True,
+            text=True,
+            timeout=360,
+            check=False,
+        )
+        assert done.returncode == 0, f"kubectl delete -k {path}: {done.stderr[-3000:]}"
+        self._knative_route = None
+        self._eventing = False
+
+    def eventing(self) -> KnativeRoute:
+        """The Knative install with components/eventing added, on Knative Eventing."""
+        installed = self.knative_route()
+        if not self._eventing:
+            platform.install_eventing(self.cluster)
+            install_eventing_overlay(self.cluster, installed.tree)
+            self._eventing = True
+        return installed
+
 
 def install_knative_route(cluster: RealCluster) -> KnativeRoute:
-    tree = user_copy()
+    tree = user_copy(cluster.workdir)
     apply_tree(cluster, tree)
     cluster.kubectl(
         "-n",
@@ -105,6 +143,39 @@ def install_knative_route(cluster: RealCluster) -> KnativeRoute:
     cluster.wait_rollout(NAMESPACE, "deployment/castslice-control", INSTALL_SECONDS)
     ca = platform.secret_ca(cluster, NAMESPACE, "castslice-serving-tls")
     return KnativeRoute(tree=tree, route_host=ROUTE_HOST, ca=ca)
+
+
+EVENTING_OVERLAY = "knative-route-host-eventing"
+
+
+def install_eventing_overlay(cluster: RealCluster, tree: Path) -> None:
+    """An overlay of the user's own, as docs/deploy.md writes it: the route overlay plus
+    components/eventing (then components/settings, last), applied over the running install; the
+    SinkBinding then gives the Knative Service K_SINK, which rolls a new revision."""
+    overlay = tree / "overlays" / EVENTING_OVERLAY
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources:\n  - ../knative-route-host\n"
+        "components:\n  - ../../components/eventing\n  - ../../components/settings\n"
+    )
+    apply_tree(cluster, tree, EVENTING_OVERLAY)
+    wait = ["-n", NAMESPACE, "wait", "--for=condition=Ready", f"--timeout={int(INSTALL_SECONDS)}s"]
+    cluster.kubectl(*wait, "broker/castslice", "ksvc/castslice-audit")
+    cluster.kubectl(*wait, "trigger/castslice-audit", "sinkbinding/castslice")
+
+    def bound() -> bool:
+        ksvc = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "ksvc", "castslice", "-o", "json"))
+        env = ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
+        status = ksvc.get("status", {})
+        return any(e["name"] == "K_SINK" for e in env) and (
+            status.get("latestReadyRevisionName") == status.get("latestCreatedRevisionName")
+            and status.get("observedGeneration") == ksvc["metadata"]["generation"]
+        )
+
+    cluster.wait(bound, INSTALL_SECONDS, "the Knative Service's revision with K_SINK ready")
+    cluster.kubectl(*wait, "ksvc/castslice")
 
 
 def apply_tree(cluster: RealCluster, tree: Path, overlay: str = "knative-route-host") -> None:
@@ -175,3 +246,13 @@ def install_plain(cluster: RealCluster, tree: Path) -> None:
     done = subprocess.run(certgen, capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
     cluster.wait_rollout(PLAIN_NAMESPACE, "deployment/castslice", INSTALL_SECONDS)
+
+
+def uninstall_plain(cluster: RealCluster) -> None:
+    """What install_plain made, deleted: its namespace (with the Secret certgen wrote) and the
+    bindings it added."""
+    bindings = json.loads(cluster.kubectl("get", "clusterrolebindings", "-o", "json"))["items"]
+    names = [b["metadata"]["name"] for b in bindings if b["metadata"]["name"].endswith("-plain")]
+    if names:
+        cluster.kubectl("delete", "clusterrolebinding", *names, "--ignore-not-found")
+    cluster.kubectl("delete", "namespace", PLAIN_NAMESPACE, "--ignore-not-found", "--timeout=180s")

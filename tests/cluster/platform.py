@@ -1,12 +1,17 @@
 """The platform a user of CastSlice's knative-route overlay already has, installed on the real node
 (realnode.py): Knative Serving from its release manifests (config/core of knative.dev/serving, as
-``.ci/provision-cluster`` copied it from the module) with the images built there, and Traefik
-v3's Knative provider as the ingress (Envoy, and so Kourier, Contour and Istio, cannot be built
-here).
+``.ci/provision-cluster`` copied it from the module) with the images built there, Traefik v3's
+Knative provider as the ingress (Envoy, and so Kourier, Contour and Istio, cannot be built here),
+and, for the audit path, Knative Eventing with its channel-based broker on the in-memory channel
+(config/core, config/channels/in-memory-channel and config/brokers/mt-channel-broker of
+knative.dev/eventing).
 
 What differs from an upstream install, and why:
-  - images: ``ko://knative.dev/serving/cmd/<x>`` becomes ``dev.local/knative-serving-<x>:ci``
-    (loaded without a registry; Knative resolves no digest for dev.local);
+  - images: ``ko://knative.dev/<serving|eventing>/cmd/<x>`` becomes
+    ``dev.local/knative-<serving|eventing>-<x>:ci`` (loaded without a registry; Knative resolves
+    no digest for dev.local);
+  - Eventing's JobSink, RequestReply and PingSource workloads are left out (not the broker's;
+    their images are not built);
   - CPU requests of the platform's own Pods are 10m: one 2-core node carries the platform, CastSlice
     three ways and the workloads; the limits are kept;
   - no HPAs (no metrics-server), no ``routing-serving-certs`` Certificate (system-internal TLS
@@ -32,6 +37,7 @@ import yaml
 from .realnode import RealCluster
 
 KNATIVE_NAMESPACE = "knative-serving"
+EVENTING_NAMESPACE = "knative-eventing"
 TRAEFIK_NAMESPACE = "traefik"
 TRAEFIK_IP = "10.96.0.20"
 TRAEFIK_PRIVATE_IP = "10.96.0.21"
@@ -72,30 +78,41 @@ def _light(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return objects
 
 
-def serving_manifests(yaml_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(CRDs, everything else) of Knative Serving's core, ready to apply."""
+def release_manifests(
+    files: list[Path], component: str, skip: frozenset[str] = frozenset()
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(CRDs, everything else) of release manifests as a module ships them, images local, ready to
+    apply: the Namespace first, configuration before the Deployments that read it at start (Serving's
+    autoscaler exits without config-network), the webhook registrations last (their Service must
+    answer first). ``skip`` names objects (``Kind/name``) left out."""
     crds: list[dict[str, Any]] = []
     rest: list[dict[str, Any]] = []
-    files = sorted((yaml_dir / "serving-core").rglob("*.yaml"))
-    files += sorted((yaml_dir / "networking").glob("*.yaml")) + sorted((yaml_dir / "caching").glob("*.yaml"))
     for path in files:
-        if path.name == "300-knativecertificate.yaml":
-            continue
-        for doc in yaml.safe_load_all(_images(path.read_text(), "serving")):
-            if not doc or doc.get("kind") in ("HorizontalPodAutoscaler",):
+        for doc in yaml.safe_load_all(_images(path.read_text(), component)):
+            if not doc or doc.get("kind") == "HorizontalPodAutoscaler":
+                continue
+            if f"{doc['kind']}/{doc['metadata']['name']}" in skip:
                 continue
             (crds if doc["kind"] == "CustomResourceDefinition" else rest).append(doc)
-    for doc in rest:
-        name = doc.get("metadata", {}).get("name")
-        if doc["kind"] == "ConfigMap" and name == "config-network":
-            doc.setdefault("data", {})["ingress-class"] = INGRESS_CLASS
     webhooks = [d for d in rest if d["kind"].endswith("WebhookConfiguration")]
     others = [d for d in rest if not d["kind"].endswith("WebhookConfiguration")]
-    # The Namespace first, configuration before the Deployments that read it at start (the
-    # autoscaler exits without config-network), the webhook registrations last (their Service must
-    # answer first).
     others.sort(key=lambda d: APPLY_ORDER.index(d["kind"]) if d["kind"] in APPLY_ORDER else len(APPLY_ORDER))
     return crds, _light(others) + webhooks
+
+
+def serving_manifests(yaml_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(CRDs, everything else) of Knative Serving's core, ready to apply."""
+    files = [
+        path
+        for path in sorted((yaml_dir / "serving-core").rglob("*.yaml"))
+        if path.name != "300-knativecertificate.yaml"
+    ]
+    files += sorted((yaml_dir / "networking").glob("*.yaml")) + sorted((yaml_dir / "caching").glob("*.yaml"))
+    crds, rest = release_manifests(files, "serving")
+    for doc in rest:
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "config-network":
+            doc.setdefault("data", {})["ingress-class"] = INGRESS_CLASS
+    return crds, rest
 
 
 def install_serving(cluster: RealCluster) -> None:
@@ -106,6 +123,47 @@ def install_serving(cluster: RealCluster) -> None:
     cluster.apply(rest)
     for name in ("controller", "webhook", "activator", "autoscaler"):
         cluster.wait_rollout(KNATIVE_NAMESPACE, f"deployment/{name}", ROLLOUT_SECONDS)
+
+
+EVENTING_DEPLOYMENTS = (
+    "eventing-controller",
+    "eventing-webhook",
+    "imc-controller",
+    "imc-dispatcher",
+    "mt-broker-controller",
+    "mt-broker-ingress",
+    "mt-broker-filter",
+)
+EVENTING_SKIPPED = frozenset(
+    {
+        # Not the broker's: the JobSink, RequestReply and PingSource workloads, whose images are not
+        # built (their CRDs and roles stay, as in the release).
+        "Deployment/job-sink",
+        "Service/job-sink",
+        "StatefulSet/request-reply",
+        "Service/request-reply",
+        "Deployment/pingsource-mt-adapter",
+    }
+)
+
+
+def eventing_manifests(yaml_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(CRDs, everything else) of Knative Eventing's core, the in-memory channel and the
+    channel-based broker (the release's eventing-core, in-memory-channel and mt-channel-broker),
+    ready to apply."""
+    files: list[Path] = []
+    for part in ("eventing-core", "in-memory-channel", "mt-channel-broker"):
+        files += sorted((yaml_dir / part).rglob("*.yaml"))
+    return release_manifests(files, "eventing", EVENTING_SKIPPED)
+
+
+def install_eventing(cluster: RealCluster) -> None:
+    crds, rest = eventing_manifests(cluster.assets.yaml)
+    cluster.apply(crds)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd", "--all")
+    cluster.apply(rest)
+    for name in EVENTING_DEPLOYMENTS:
+        cluster.wait_rollout(EVENTING_NAMESPACE, f"deployment/{name}", ROLLOUT_SECONDS)
 
 
 def traefik_manifests() -> list[dict[str, Any]]:
