@@ -282,7 +282,7 @@ class RealCluster:
         )
         return out.split()
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 300) -> str:
         from tests.support.manifests import kubectl_path
 
         done = subprocess.run(
@@ -290,7 +290,7 @@ class RealCluster:
             input=stdin,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=timeout,
             check=False,
         )
         if check and done.returncode != 0:
@@ -314,7 +314,9 @@ class RealCluster:
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{last}")
 
     def wait_rollout(self, namespace: str, kind_name: str, timeout: float = 240.0) -> None:
-        self.kubectl("-n", namespace, "rollout", "status", kind_name, f"--timeout={int(timeout)}s")
+        # kubectl's own --timeout names what did not roll out; the process gets a margin over it.
+        args = ("-n", namespace, "rollout", "status", kind_name, f"--timeout={int(timeout)}s")
+        self.kubectl(*args, timeout=timeout + 30)
 
     # -- teardown
     def down(self) -> list[str]:

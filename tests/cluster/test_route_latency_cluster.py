@@ -16,7 +16,8 @@ from typing import Any
 
 from tests.support.manifests import one, render
 
-from .installs import PLAIN_NAMESPACE, PLAIN_WEBHOOK, Installs, install_plain
+from .installs import PLAIN_NAMESPACE, PLAIN_WEBHOOK, Installs, KnativeRoute, install_plain, uninstall_plain
+from .realnode import RealCluster
 from .support import GPU, GPU_SHARED, gpu_pod, workload_namespace
 
 ROUNDS = 8
@@ -49,32 +50,16 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def test_pod_creation_through_the_knative_route_against_the_plain_service(
-    installs: Installs, record_property: Any
-) -> None:
+def measure(
+    cluster: RealCluster,
+    base: dict[str, Any],
+    route_bundle: str,
+    installed: KnativeRoute,
+    namespaces: dict[str, str],
+) -> tuple[dict[str, list[float]], list[str]]:
+    """Both registrations and the plain install made, then ROUNDS interleaved rounds timed."""
     from kubernetes import client
 
-    installed = installs.knative_route()
-    cluster = installs.cluster
-    base = one(render(installed.tree / "overlays/knative-route-host"), "MutatingWebhookConfiguration")
-    route_bundle = base64.b64encode(installed.ca).decode()
-    # The Knative install's own registration leaves the measured namespaces alone.
-    cluster.kubectl(
-        "patch",
-        "mutatingwebhookconfiguration",
-        "castslice",
-        "--type=json",
-        "-p",
-        json.dumps(
-            [
-                {
-                    "op": "add",
-                    "path": "/webhooks/0/namespaceSelector/matchExpressions/-",
-                    "value": {"key": LATENCY_LABEL, "operator": "DoesNotExist"},
-                }
-            ]
-        ),
-    )
     cluster.apply(
         [
             registration(
@@ -99,7 +84,6 @@ def test_pod_creation_through_the_knative_route_against_the_plain_service(
         ]
     )
     install_plain(cluster, installed.tree)
-    namespaces = {}
     for variant in ("route", "plain"):
         namespaces[variant] = workload_namespace(cluster, f"latency-{variant}")
         cluster.kubectl("label", "namespace", namespaces[variant], f"{LATENCY_LABEL}={variant}")
@@ -121,8 +105,57 @@ def test_pod_creation_through_the_knative_route_against_the_plain_service(
                 limits = stored.spec.containers[0].resources.limits or {}
                 if GPU_SHARED not in limits or GPU in limits:
                     unmutated.append(f"{variant}/{stored.metadata.name}")
+    return seconds, unmutated
+
+
+def remove_measuring_parts(cluster: RealCluster, namespaces: dict[str, str]) -> None:
+    """What measure() added, gone, and the Knative install's registration as it was, for the
+    modules after this one."""
     for namespace in namespaces.values():
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    cluster.kubectl(
+        "delete", "mutatingwebhookconfiguration", ROUTE_WEBHOOK, PLAIN_WEBHOOK, "--ignore-not-found"
+    )
+    uninstall_plain(cluster)
+    hook = json.loads(cluster.kubectl("get", "mutatingwebhookconfiguration", "castslice", "-o", "json"))
+    expressions = hook["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    ours = [i for i, e in enumerate(expressions) if e["key"] == LATENCY_LABEL]
+    if ours:
+        path = f"/webhooks/0/namespaceSelector/matchExpressions/{ours[0]}"
+        undo = [{"op": "test", "path": f"{path}/key", "value": LATENCY_LABEL}, {"op": "remove", "path": path}]
+        patch = ("patch", "mutatingwebhookconfiguration", "castslice", "--type=json")
+        cluster.kubectl(*patch, "-p", json.dumps(undo))
+
+
+def test_pod_creation_through_the_knative_route_against_the_plain_service(
+    installs: Installs, record_property: Any
+) -> None:
+    installed = installs.knative_route()
+    cluster = installs.cluster
+    base = one(render(installed.tree / "overlays/knative-route-host"), "MutatingWebhookConfiguration")
+    route_bundle = base64.b64encode(installed.ca).decode()
+    # The Knative install's own registration leaves the measured namespaces alone.
+    cluster.kubectl(
+        "patch",
+        "mutatingwebhookconfiguration",
+        "castslice",
+        "--type=json",
+        "-p",
+        json.dumps(
+            [
+                {
+                    "op": "add",
+                    "path": "/webhooks/0/namespaceSelector/matchExpressions/-",
+                    "value": {"key": LATENCY_LABEL, "operator": "DoesNotExist"},
+                }
+            ]
+        ),
+    )
+    namespaces: dict[str, str] = {}
+    try:
+        seconds, unmutated = measure(cluster, base, route_bundle, installed, namespaces)
+    finally:
+        remove_measuring_parts(cluster, namespaces)
     medians = {v: statistics.median(s) for v, s in seconds.items()}
     for variant in ("route", "plain"):
         record_property(f"{variant}: median Pod create (ms)", round(1000 * medians[variant], 1))
