@@ -4,6 +4,7 @@
   share lives in a support module (under ``tests/support/``, or a folder's own ``support.py``,
   ``tests/e2e/launch.py``...), so that running, moving or deleting one test module never changes
   another, and pytest never collects a test twice under two names;
+- nothing but test modules at the root of tests/: support code and benchmarks in their folders;
 - test modules are named for what they pin, never for how their tests were found (no
   ``*_answers.py`` beside a module's tests, no ``*_mutants.py``);
 - no module under ``tests/`` imports another module's private name (``_name``) from ``tests``:
@@ -127,6 +128,17 @@ def test_a_private_name_imported_from_the_suite_is_named(source: str, caught: st
 def test_public_names_and_privates_of_the_code_under_test_may_be_imported() -> None:
     source = "from tests.support.pki import CertFactory\nfrom function.core.engine import _internal\n"
     assert private_imports_from_the_suite(source, TESTS / "cluster" / "probe.py") == []
+
+
+def test_the_root_of_the_suite_holds_test_modules_only() -> None:
+    """Support code lives in tests/support/ (or beside the folder's tests), benchmarks in
+    tests/benchmarks/: none of them loose beside the test modules."""
+    loose = [
+        path.name
+        for path in TESTS.glob("*.py")
+        if path.name != "__init__.py" and not path.name.startswith("test_")
+    ]
+    assert loose == []
 
 
 def test_no_test_module_is_named_for_how_its_tests_were_found() -> None:

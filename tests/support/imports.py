@@ -1,28 +1,35 @@
-"""What importing a package's modules does, recorded in a fresh interpreter (tests/test_layout.py).
+"""What importing a package's modules does, each alone and all in one interpreter
+(tests/test_layout.py).
 
-``python -m tests.support.imports ROOT PACKAGE`` imports every module of PACKAGE (found under the
-directory ROOT) one after another in this fresh interpreter, with ``__import__`` wrapped so every
-import statement that runs meanwhile is recorded as an edge: the module whose code runs the
-statement -> the module it imports (and the packages above it, which Python initializes first,
-unless they are the importer's own). An import of a module already loaded is recorded too: that
-is the one that fails when the module is still half initialized. Printed as JSON: the modules,
-the edges, and each module whose import raised.
+``python -m tests.support.imports ROOT PACKAGE`` prints, as JSON, for the modules of PACKAGE (found
+under the directory ROOT):
 
-Why this stands for importing each module alone in its own interpreter: a module imported alone
-fails (other than by a bug that fails in any order) only when an import runs while a module it
-leads back to is half initialized, that is when the modules form a circle of import-time edges.
-The recorded edges are those of every module's own initialization, which runs once here as it
-would alone, so a circle among them is found by ``circles`` without a hundred interpreters.
+- ``alone``: each module whose import raised when it was imported alone, in an interpreter that
+  had loaded no module of PACKAGE (a child forked per module, at most one per CPU at a time), with
+  what it raised. Before forking, this process loads the other packages' modules that importing
+  PACKAGE loads (the standard library, pydantic, the kubernetes client...): they never import
+  PACKAGE, so a module of PACKAGE imports in the child exactly as in a new interpreter, without
+  every child paying for them again.
+- ``edges``: every import statement that runs while all the modules are imported one after
+  another in one interpreter (``__import__`` wrapped), as an edge: the module whose code runs the
+  statement -> the module it imports (and the packages above it, which Python initializes first,
+  unless they are the importer's own). An import of a module already loaded is recorded too: that
+  is the one that fails when the module is still half initialized, so a circle among these edges
+  is the cause a module would fail alone in some other order (``circles``).
+- ``failed``: each module whose import raised there (a bug that fails in any order).
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import importlib
 import json
+import os
 import sys
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +83,89 @@ def record(root: Path, package: str) -> dict[str, Any]:
     finally:
         builtins.__import__ = original
     return {"modules": module_names(root, package), "edges": sorted(edges), "failed": failed}
+
+
+def in_child(job: Callable[[], str]) -> tuple[int, int]:
+    """Runs ``job`` in a forked child: (its pid, the pipe it writes to). The child writes what
+    ``job`` returned and exits 0, or what it raised and exits 1; its stdout goes to stderr, so that
+    only the parent prints."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return pid, read
+    os.close(read)
+    os.dup2(2, 1)
+    status = 0
+    try:
+        said = job()
+    except BaseException as error:  # noqa: BLE001 - whatever the import raised is the answer
+        said, status = "".join(traceback.format_exception_only(error)).strip()[-4000:], 1
+    with os.fdopen(write, "wb") as pipe:
+        pipe.write(said.encode())
+    os._exit(status)
+
+
+def heard(read: int) -> str:
+    with os.fdopen(read, "rb") as pipe:
+        return pipe.read().decode()
+
+
+def record_in_a_child(root: Path, package: str) -> tuple[dict[str, Any], list[str]]:
+    """``record`` in a forked child, and the modules of other packages importing ``package`` loaded."""
+
+    def job() -> str:
+        recorded = record(root, package)
+        top = package.split(".")[0]
+        others = sorted(name for name in sys.modules if name.split(".")[0] not in (top, "__main__"))
+        return json.dumps([recorded, others])
+
+    pid, read = in_child(job)
+    said = heard(read)  # before waiting: the answer is larger than a pipe holds
+    _, status = os.waitpid(pid, 0)
+    if status:
+        raise RuntimeError(f"recording the imports of {package} failed: {said}")
+    recorded, others = json.loads(said)
+    return recorded, others
+
+
+def import_alone(module: str) -> str:
+    importlib.import_module(module)
+    return ""
+
+
+def failing_alone(root: Path, package: str, modules: Iterable[str]) -> dict[str, str]:
+    """Each module of ``modules`` imported alone, in a child forked from this process, which has
+    loaded no module of ``package``: the ones whose import raised, with what they raised."""
+    top = package.split(".")[0]
+    assert not [name for name in sys.modules if name.split(".")[0] == top], f"{package} is loaded here"
+    sys.path.insert(0, str(root))
+    at_once = len(os.sched_getaffinity(0))
+    running: dict[int, tuple[str, int]] = {}
+    failed: dict[str, str] = {}
+    pending = list(modules)
+    pending.reverse()
+    while pending or running:
+        while pending and len(running) < at_once:
+            module = pending.pop()
+            pid, read = in_child(functools.partial(import_alone, module))
+            running[pid] = (module, read)
+
+        pid, status = os.wait()
+        module, read = running.pop(pid)
+        said = heard(read)  # after the child exited: what it writes fits in the pipe
+        if status:
+            failed[module] = said or f"exit status {os.waitstatus_to_exitcode(status)}"
+    return failed
+
+
+def imports(root: Path, package: str) -> dict[str, Any]:
+    """What ``python -m tests.support.imports ROOT PACKAGE`` prints."""
+    recorded, others = record_in_a_child(root, package)
+    for name in others:
+        with contextlib.suppress(Exception):  # loading ahead only saves the children time
+            importlib.import_module(name)
+    return {**recorded, "alone": failing_alone(root, package, recorded["modules"])}
 
 
 def edges_to(importer: str, module: str) -> Iterable[tuple[str, str]]:
@@ -148,4 +238,4 @@ def _under(module: str, package: str) -> bool:
 
 
 if __name__ == "__main__":
-    print(json.dumps(record(Path(sys.argv[1]), sys.argv[2])))
+    print(json.dumps(imports(Path(sys.argv[1]), sys.argv[2])))
