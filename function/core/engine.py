@@ -79,6 +79,20 @@ class MutatorLied(Exception):
     """A mutator's reported action disagrees with what it did to the Pod: a bug, never trusted."""
 
 
+class DeniedForAChange(Exception):
+    """A mutator denied the Pod only for what another mutator changed: the Pod as submitted
+    would not be denied. Mutators must compose (docs/engine.md): never a denial, an error."""
+
+    def __init__(self, mutator: str, denial: str, changed_by: tuple[str, ...]) -> None:
+        self.mutator = mutator
+        self.denial = denial
+        self.changed_by = changed_by
+        super().__init__(
+            f"{mutator} denies only what {', '.join(changed_by)} changed (the Pod as submitted passes): "
+            f"{denial}"
+        )
+
+
 def build_mutators(config: Config, mode: MutatorMode = MutatorMode.enforce) -> list[Mutator]:
     """The enabled mutators of the given mode, in the plug-ins' fixed order.
 
@@ -130,7 +144,18 @@ class Engine:
         if labels_of(pod).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
 
-        intended, decisions, intended_json = self.run_to_fixed_point(pod, request)
+        try:
+            intended, decisions, intended_json = self.run_to_fixed_point(pod, request)
+        except DeniedForAChange as error:
+            return Decision(
+                "error",
+                True,
+                f"mutators do not compose: {error}",
+                warnings=(
+                    f"castslice: {error.mutator} would deny what {', '.join(error.changed_by)} added; "
+                    "Pod admitted unchanged",
+                ),
+            )
         if self.shadow:
             decisions += self.run_shadow(intended, request)
             enforcing = tuple(d for d in decisions if not d.shadow)
@@ -203,6 +228,8 @@ class Engine:
                 if result.action is Action.denied:
                     # An honest denial changed nothing (a change would have been a lie, raised
                     # above): the Pod is as the mutators before it left it.
+                    if working.changed:
+                        self._check_denial_is_the_pods(mutator, result, pod, request, decisions)
                     break
                 changed_in_pass = changed_in_pass or changed
             else:
@@ -211,6 +238,29 @@ class Engine:
             intended, intended_json = working.intended(pod)
             return FixedPoint(intended, tuple(decisions.values()), intended_json)
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
+
+    def _check_denial_is_the_pods(
+        self,
+        mutator: Mutator,
+        denial: MutatorResult,
+        original: Pod,
+        request: RequestContext,
+        decisions: dict[str, MutatorDecision],
+    ) -> None:
+        """A denial after other mutators changed the Pod must hold for the Pod as submitted: the
+        mutator is asked again on a copy of the original (only on this path, denials being rare).
+        DeniedForAChange when it would not deny that Pod. A mutator denying what it changed
+        itself in an earlier pass is not asked again: its denial is final."""
+        changed_by = tuple(
+            name
+            for name, decided in decisions.items()
+            if decided.action is Action.mutated and name != mutator.name
+        )
+        if not changed_by:
+            return
+        again = mutator.mutate(WorkingCopy(original).pod, request)
+        if again.action is not Action.denied:
+            raise DeniedForAChange(mutator.name, denial.reason, changed_by)
 
     def run_shadow(self, pod: Pod, request: RequestContext) -> tuple[MutatorDecision, ...]:
         """Each shadow mutator once, on its own copy of the Pod the enforcing mutators produced:

@@ -1,7 +1,8 @@
 """function/core/engine.py's answers in full: every field of a decision, the request every pass and
 every shadow mutator is given, an internal error under deny and under admit, a withheld patch naming
 every rule it would break, an opted-out Pod or namespace, a denial with its warnings; mutators that
-misreport what they did, never converge or deny in a later pass; a Pod the default configuration
+misreport what they did, never converge or deny in a later pass; a denial only for what another
+mutator added (mutators that compose: never a denial, an error); a Pod the default configuration
 slices. (The engine's one working copy per review: tests/core/test_engine_in_place.py; the patch it
 proves: tests/core/test_json_patch.py.)"""
 
@@ -226,6 +227,53 @@ def test_a_denial_in_a_later_pass_is_final() -> None:
     decision = Engine(Config(), [MutatesThenDenies()]).decide(GPU_POD, REQUEST)
     assert decision.outcome == "denied" and not decision.allowed and not decision.patch
     assert decision.denial == "second-thoughts: the marker is not allowed"
+
+
+class AddsAResource:
+    """Adds ``example.com/added`` to the first container (once)."""
+
+    name = "adds"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        resources = pod["spec"]["containers"][0].setdefault("resources", {})
+        limits = resources.setdefault("limits", {})
+        if "example.com/added" in limits:
+            return MutatorResult.unchanged("already added")
+        limits["example.com/added"] = "1"
+        return MutatorResult.mutated("added example.com/added")
+
+
+class DeniesTheResource:
+    """Denies a Pod asking for ``example.com/added``: what its neighbour adds."""
+
+    name = "strict"
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        limits = (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
+        if "example.com/added" in limits:
+            return MutatorResult.denied("strict: example.com/added is not allowed")
+        return MutatorResult.unchanged("nothing to refuse")
+
+
+@pytest.mark.parametrize(
+    "order", [(AddsAResource(), DeniesTheResource()), (DeniesTheResource(), AddsAResource())]
+)
+def test_a_pod_is_never_denied_for_what_another_mutator_added(order: tuple[Any, Any]) -> None:
+    """In the same pass or the next: the Pod as submitted passes, so the mutators do not compose on
+    it; it is admitted unchanged with a warning, and the reason names both."""
+    decision = Engine(Config(), list(order)).decide(pod(), REQUEST)
+    assert decision.outcome == "error" and decision.allowed and not decision.patch
+    assert "strict denies only what adds changed" in decision.reason
+    assert decision.warnings == ("castslice: strict would deny what adds added; Pod admitted unchanged",)
+
+
+def test_a_denial_the_submitted_pod_earns_stands_after_a_neighbour_changed_it() -> None:
+    submitted = pod()
+    submitted["spec"]["containers"][0]["resources"] = {"limits": {"example.com/added": "2"}}
+    decision = Engine(
+        Config(), [Edit("notes", once(lambda p: p["metadata"].update(note="x"))), DeniesTheResource()]
+    ).decide(submitted, REQUEST)
+    assert decision.outcome == "denied" and decision.denial == "strict: example.com/added is not allowed"
 
 
 @pytest.mark.parametrize("mutator", [Liar(), Boaster()])
