@@ -15,7 +15,9 @@ Layout of one index (``IndexState``):
 - ``records``: key (the object's uid) -> slim record, for lookups such as "the ReplicaSet that owns
   this Pod";
 - ``groups``: group key -> {uid -> record}, when the spec has ``group_by`` (Pods by controller uid),
-  so counting a Pod's siblings costs O(siblings), never O(all Pods).
+  so counting a Pod's siblings costs O(siblings), never O(all Pods). A record may belong to
+  several groups (a Node to one per extended resource it advertises), so "does any node offer
+  this resource?" is one lookup, never a walk of the Nodes.
 
 Both are ``immutables.Map`` (a hash array mapped trie, the structure behind ``contextvars``): an
 update makes a new map sharing all but O(log n) nodes with the old one, so the watch thread
@@ -34,6 +36,7 @@ from typing import Any, NamedTuple, Protocol
 import immutables
 
 from function.core.pod import NO_OWNER, NOTHING, Owner, controller_of, metadata_of
+from function.core.quantity import QuantityError, parse_quantity
 
 Record = Any
 """A slim record (an immutable tuple such as ``PodRecord``); the spec's ``slim`` decides its type."""
@@ -141,6 +144,82 @@ def slim_replicaset(obj: Mapping[str, Any]) -> ReplicaSetRecord | None:
     )
 
 
+class NodeRecord(NamedTuple):
+    """What the view keeps of a Node: its name, uid, labels and ``status.allocatable``, nothing
+    else (no conditions, images or addresses, which are most of a Node's bytes).
+
+    Labels and allocatable are flat tuples, ``(key, value, key, value, ...)`` sorted by key, every
+    string interned: the nodes of one pool share nearly all their label keys and values, so a
+    Node costs a tuple of references rather than a dict of its own (docs/cluster-view.md has the
+    bytes per Node, from tests/benchmark_view.py --nodes). Read them with ``label`` and
+    ``allocatable_of`` (or ``pairs``)."""
+
+    name: str
+    uid: str
+    labels: tuple[str, ...]
+    allocatable: tuple[str, ...]
+
+    def label(self, key: str) -> str | None:
+        return _pair_value(self.labels, key)
+
+    def allocatable_of(self, resource: str) -> str | None:
+        """The quantity the Node advertises of ``resource``, as the kubelet wrote it."""
+        return _pair_value(self.allocatable, resource)
+
+    def advertised(self) -> tuple[str, ...]:
+        """The extended resources (domain-prefixed names: ``nvidia.com/gpu``) the Node offers
+        more than 0 of: the groups of the Nodes index."""
+        flat = self.allocatable
+        return tuple(flat[at] for at in range(0, len(flat), 2) if "/" in flat[at] and _positive(flat[at + 1]))
+
+
+def pairs(flat: tuple[str, ...]) -> dict[str, str]:
+    """A NodeRecord's flat ``labels`` or ``allocatable`` as a dict (for reports, not reviews)."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _pair_value(flat: tuple[str, ...], key: str) -> str | None:
+    for at in range(0, len(flat), 2):
+        if flat[at] == key:
+            return flat[at + 1]
+    return None
+
+
+def _positive(quantity: str) -> bool:
+    try:
+        return parse_quantity(quantity) > 0
+    except QuantityError:
+        return False  # the kubelet writes valid quantities; anything else offers nothing
+
+
+def _flat(values: object) -> tuple[str, ...]:
+    """A map of strings as a sorted flat tuple of interned strings (entries that are not
+    strings, which no apiserver serves, are left out)."""
+    if not isinstance(values, Mapping):
+        return ()
+    flat: list[str] = []
+    for key in sorted(k for k, v in values.items() if isinstance(k, str) and isinstance(v, str)):
+        flat += (sys.intern(key), sys.intern(values[key]))
+    return tuple(flat)
+
+
+def slim_node(obj: Mapping[str, Any]) -> NodeRecord | None:
+    """A Node -> NodeRecord; None without a name."""
+    metadata = metadata_of(obj)
+    name = _text(metadata.get("name"))
+    if not name:
+        return None
+    status = obj.get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    return NodeRecord(name, _text(metadata.get("uid")), _flat(metadata.get("labels")), _flat(allocatable))
+
+
+def by_advertised(record: Record) -> tuple[str, ...]:
+    """Group keys of a Node: every extended resource it advertises (``View.group("nodes",
+    "nvidia.com/gpu-shared")`` holds the Nodes that offer it)."""
+    return record.advertised() if isinstance(record, NodeRecord) else ()
+
+
 def by_owner(record: Record) -> str:
     """Group key: the controller's uid ("" for Pods no controller owns)."""
     owner = getattr(record, "owner", NO_OWNER)
@@ -186,8 +265,9 @@ class WatchSpec:
     key: Callable[[Mapping[str, Any]], str] = uid_of
     """Raw object -> its key in the index: the uid (default), or ``name_of`` for an index that
     mutators look up by name (Namespaces by their name)."""
-    group_by: Callable[[Record], str] | None = None
-    """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups."""
+    group_by: Callable[[Record], str | tuple[str, ...]] | None = None
+    """A second layout of the index, group key -> {uid -> record}, for O(siblings) lookups: one
+    key per record, or a tuple of keys for a record in several groups (never with ``tally``)."""
     field_selector: str = ""
     """A server-side filter for the list and the watch (objects leaving it arrive as DELETED)."""
     label_selector: str = ""
@@ -242,6 +322,24 @@ REPLICASETS = WatchSpec(
     metadata_only=False,
 )
 """ReplicaSets, as ReplicaSetRecords keyed by uid: Pod -> ReplicaSet -> Deployment."""
+
+
+NODES = WatchSpec(
+    index="nodes",
+    group="",
+    version="v1",
+    plural="nodes",
+    kind="Node",
+    namespaced=False,
+    slim=slim_node,
+    # Whole objects: status.allocatable is not in the metadata. The view keeps the NodeRecord only.
+    metadata_only=False,
+    key=name_of,
+    group_by=by_advertised,
+)
+"""Nodes, as NodeRecords keyed by name, grouped by every extended resource they advertise: which
+resources some node offers (GPU slicing's target), and a per-node inventory of labels and
+allocatable for whatever needs one."""
 
 
 def merge_specs(specs: Iterable[WatchSpec]) -> tuple[WatchSpec, ...]:
@@ -332,7 +430,8 @@ class IndexState:
         for uid, record in pairs:
             by_uid[uid] = record
             if group_by is not None:
-                grouped.setdefault(group_by(record), {})[uid] = record
+                for key in _group_keys(group_by(record)):
+                    grouped.setdefault(key, {})[uid] = record
         sums: dict[str, tuple[int, ...]] = {}
         if tally is not None:
             for key, members in grouped.items():
@@ -349,23 +448,23 @@ class IndexState:
         self,
         uid: str,
         record: Record,
-        group_by: Callable[[Record], str] | None,
+        group_by: Callable[[Record], str | tuple[str, ...]] | None,
         tally: Callable[[Record], tuple[int, ...]] | None = None,
     ) -> IndexState:
         """This index with ``record`` added or replaced under ``uid``: O(log n), sharing the rest."""
         state = self._without(uid, group_by, tally) if uid in self.records else self
         groups, tallies = state.groups, state.tallies
         if group_by is not None:
-            key = group_by(record)
-            groups = groups.set(key, groups.get(key, EMPTY_MAP).set(uid, record))
-            if tally is not None:
-                tallies = tallies.set(key, _added(tallies.get(key, ()), tally(record), 1))
+            for key in _group_keys(group_by(record)):
+                groups = groups.set(key, groups.get(key, EMPTY_MAP).set(uid, record))
+                if tally is not None:
+                    tallies = tallies.set(key, _added(tallies.get(key, ()), tally(record), 1))
         return IndexState(state.records.set(uid, record), groups, self.synced, tallies)
 
     def remove(
         self,
         uid: str,
-        group_by: Callable[[Record], str] | None,
+        group_by: Callable[[Record], str | tuple[str, ...]] | None,
         tally: Callable[[Record], tuple[int, ...]] | None = None,
     ) -> IndexState:
         return self._without(uid, group_by, tally) if uid in self.records else self
@@ -373,21 +472,27 @@ class IndexState:
     def _without(
         self,
         uid: str,
-        group_by: Callable[[Record], str] | None,
+        group_by: Callable[[Record], str | tuple[str, ...]] | None,
         tally: Callable[[Record], tuple[int, ...]] | None = None,
     ) -> IndexState:
         old = self.records[uid]
         groups, tallies = self.groups, self.tallies
         if group_by is not None:
-            key = group_by(old)
-            members = groups.get(key, EMPTY_MAP)
-            if uid in members:
+            for key in _group_keys(group_by(old)):
+                members = groups.get(key, EMPTY_MAP)
+                if uid not in members:
+                    continue
                 members = members.delete(uid)
                 groups = groups.set(key, members) if members else groups.delete(key)
                 if tally is not None:
                     left = _added(tallies.get(key, ()), tally(old), -1)
                     tallies = tallies.set(key, left) if members else tallies.delete(key)
         return IndexState(self.records.delete(uid), groups, self.synced, tallies)
+
+
+def _group_keys(keys: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The groups a record is in: ``group_by`` gives one key (a str) or several (a tuple)."""
+    return (keys,) if isinstance(keys, str) else keys
 
 
 def _added(total: tuple[int, ...], values: tuple[int, ...], sign: int) -> tuple[int, ...]:

@@ -1,6 +1,8 @@
 """``castslice explain``: which PodMutations match each Pod of a manifest, their rank, the winner,
-and what the winner would change; with ``gpuSlicing.backend: dra``, also the claim and the
-ResourceClaimTemplate GPU slicing gives the Pod; with ``--cluster``, the GPU lease arithmetic.
+and what the winner would change; for a Pod opted into GPU slicing, GPU slicing's decision and its
+reason (sliced, or left whole and why: a multi-GPU job, no node offering the shared resource);
+with ``gpuSlicing.backend: dra``, for every Pod, the claim and the ResourceClaimTemplate it gets;
+with ``--cluster``, the GPU lease arithmetic, and the Nodes GPU slicing checks.
 
 Every Pod the preview finds is explained (a PyTorchJob's roles, a LeaderWorkerSet's leader and
 workers, a KServe component, ...), each as the webhook will see it: owned by the controller its
@@ -20,7 +22,8 @@ from function.contract import EXIT_BAD_INPUT
 from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
-from function.core.view import PODS, REPLICASETS
+from function.core.mutators.gpu_slicing import OPTIMIZE
+from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView
 from function.offline.config import config_from
 from function.offline.discovery import dotted, find_pods, resources_outside
 from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except StateFileError as error:
         print(f"castslice explain: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    claims = _claim_teller(config)
+    slicing = _slicing_teller(config, cluster)
     loaded = load([*documents, *extra])
     for bad in loaded.invalid:
         print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
@@ -112,25 +115,36 @@ def run(args: argparse.Namespace) -> int:
             result = explain(pod, namespace, loaded.valid)
             w = result.workload
             print(f"{head}{where}: workload {w.kind}/{w.name} in namespace {w.namespace}")
-            if claims is not None:
-                print(f"  {claims(pod, namespace)}")
+            if slicing is not None:
+                line = slicing(pod, namespace)
+                if line:
+                    print(f"  {line}")
             _print_explanation(result)
     return 0
 
 
-def _claim_teller(config: Config) -> Any:
-    """With the dra backend: Pod, namespace -> GPU slicing's line for it (the claim and template
-    it gets, or why none), as the webhook decides it without cluster state; else None."""
+def _slicing_teller(config: Config, cluster: ClusterView | None) -> Any:
+    """Pod, namespace -> GPU slicing's line for it, as the webhook decides it (with the cluster
+    state of --cluster, if any), or "" for a Pod it has nothing to say about; None when GPU
+    slicing is off. With the dra backend every Pod gets a line (the claim and template it gets,
+    or why none); else only a Pod that opts in (castops.io/optimize)."""
     section = config.section("gpuSlicing")
-    if not section.enabled or section.backend != "dra":
+    if not section.enabled:
         return None
     engine = Engine(config)
+    every_pod = section.backend == "dra"
 
     def tell(pod: dict[str, Any], namespace: str) -> str:
-        decision = engine.decide(pod, RequestContext(namespace=namespace))
+        metadata = pod.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        if not every_pod and not (isinstance(annotations, dict) and OPTIMIZE in annotations):
+            return ""
+        request = RequestContext(namespace=namespace, cluster=cluster if cluster is not None else EMPTY_VIEW)
+        decision = engine.decide(pod, request)
         part = next((d for d in decision.decisions if d.mutator == "gpu-slicing"), None)
         if part is None:
             return f"gpu-slicing: {decision.outcome}: {decision.reason}"
-        return f"gpu-slicing: {part.action.value}: {part.reason}"
+        warnings = "".join(f"\n  warning: {warning}" for warning in part.warnings)
+        return f"gpu-slicing: {part.action.value}: {part.reason}{warnings}"
 
     return tell

@@ -13,10 +13,11 @@ from function import cli
 from function.core.config import Config, ConfigError, OnInvalidAnnotation, parse_config
 from function.core.engine import Engine, build_mutators
 from function.core.mutators import vgpu
-from function.core.mutators.base import Action, MutatorResult
+from function.core.mutators.base import Action, MutatorResult, RequestContext
 from function.core.mutators.gpu_slicing import GpuSlicing
 from function.core.mutators.registry import Claims, Neighbours, Rename, Settings
 from function.core.mutators.vgpu import PLUGIN, BadValue, Vgpu, VgpuConfig, VgpuDevice
+from function.core.view import NODES, NodeRecord, StaticView
 from tests.support.vgpu import DENY, GPU, MEM, REQUEST, WARN, again, container, env_of, pod, run
 
 
@@ -592,6 +593,58 @@ def test_without_vgpu_an_opted_in_pod_asking_for_hami_resources_is_still_bad_inp
     decision = Engine(Config()).decide(opted_in(container(**GPU, **MEM)), REQUEST)
     assert decision.outcome == "denied" and decision.denial is not None
     assert "nvidia.com/gpumem" in decision.denial and "nvidia.com/gpu=1" in decision.denial
+
+
+@pytest.mark.parametrize(
+    ("annotations", "config"),
+    [
+        ({}, BOTH),
+        ({"castops.io/workload-type": "training"}, BOTH),
+        ({}, {**BOTH, "gpuSlicing": {"requireAdvertisedTarget": True}}),
+    ],
+)
+def test_an_opted_in_multi_gpu_pod_left_whole_goes_to_vgpu_and_is_not_denied_for_its_cores(
+    annotations: dict[str, str], config: dict[str, Any]
+) -> None:
+    """The issue's 8-GPU Pod: slicing leaves it whole, vGPU adds nvidia.com/gpucores 100 (whole
+    GPUs: exclusive compute), and the next pass of slicing must not deny it for those cores; the
+    reinvocation changes nothing more."""
+    p = opted_in(container(**{"nvidia.com__gpu": "8"}))
+    p["metadata"]["annotations"].update(annotations)
+    engine = Engine(parse_config(config))
+    decision = engine.decide(p, REQUEST)
+    assert decision.outcome == "mutated", decision.reason
+    assert decision.acting_mutators == ("vgpu",)
+    assert decision.mutated_pod is not None
+    limits = decision.mutated_pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "8", "nvidia.com/gpucores": "100"}
+    assert engine.decide(decision.mutated_pod, REQUEST).outcome == "unchanged"
+
+
+def test_an_opted_in_pod_left_whole_for_want_of_a_node_goes_to_vgpu_and_is_not_denied() -> None:
+    nodes = StaticView({NODES.index: {"n": NodeRecord("n", "uid-n", (), ("nvidia.com/gpu", "8"))}}, (NODES,))
+    request = RequestContext(uid="u", namespace="ml", cluster=nodes)
+    config = parse_config({**BOTH, "gpuSlicing": {"requireAdvertisedTarget": True}})
+    decision = Engine(config).decide(opted_in(container(**GPU)), request)
+    assert decision.outcome == "mutated" and decision.acting_mutators == ("vgpu",), decision.reason
+    assert "castslice: not sliced, no node offers nvidia.com/gpu-shared" in decision.warnings[0]
+
+
+def test_a_hami_pod_opted_into_slicing_is_denied_naming_the_same_resources_whatever_their_order() -> None:
+    """Live, the apiserver sends resources sorted by name; a file keeps its own order: both name
+    gpucores and gpumem, in that order."""
+    denials = set()
+    for order in (["nvidia.com/gpumem", "nvidia.com/gpucores"], ["nvidia.com/gpucores", "nvidia.com/gpumem"]):
+        limits = {"nvidia.com/gpu": "1", **{name: "30" for name in order}}
+        p = opted_in({"name": "cuda", "image": "cuda", "resources": {"limits": limits}})
+        decision = Engine(parse_config(BOTH)).decide(p, REQUEST)
+        assert decision.outcome == "denied"
+        denials.add(decision.denial)
+    (denial,) = denials
+    assert (
+        denial is not None
+        and "asks for nvidia.com/gpucores, nvidia.com/gpumem, HAMi vGPU resources" in denial
+    )
 
 
 # -- denials and reasons, word for word ------------------------------------------------------------

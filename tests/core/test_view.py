@@ -12,20 +12,25 @@ from hypothesis import strategies as st
 from function.core.pod import NO_OWNER, Owner
 from function.core.view import (
     EMPTY_VIEW,
+    NODES,
     PLACEMENT_LABEL,
     PODS,
     REPLICASETS,
     IndexState,
+    NodeRecord,
     Overlay,
     PodRecord,
     ReplicaSetRecord,
     StaticView,
     View,
     WatchSpec,
+    by_advertised,
     by_owner,
     merge_specs,
+    pairs,
     rbac_rules,
     record_key,
+    slim_node,
     slim_pod,
     slim_replicaset,
 )
@@ -288,3 +293,107 @@ def test_an_overlay_answers_as_its_base_but_for_its_indices_and_its_time() -> No
     assert view.now == now and base.now is None
     assert Overlay(view).now == now, "an overlay over an overlay keeps the time it was given"
     assert Overlay(EMPTY_VIEW, {"in-flight": {}}).available is False
+
+
+# -- Nodes: metadata and allocatable, grouped by what they advertise ------------------------------
+def node(name: str, labels: dict[str, str] | None = None, **allocatable: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels or {}},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {key.replace("__", "/"): value for key, value in allocatable.items()},
+            "images": [{"names": ["registry/cuda:12"], "sizeBytes": 4_000_000_000}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_slim_node_keeps_labels_and_allocatable_only_sorted_and_flat() -> None:
+    record = slim_node(
+        node(
+            "gpu-1",
+            {"nvidia.com/gpu.product": "A100", "kubernetes.io/arch": "amd64"},
+            cpu="8",
+            nvidia_com__gpu="4",
+        )
+    )
+    assert record == NodeRecord(
+        "gpu-1",
+        "uid-gpu-1",
+        ("kubernetes.io/arch", "amd64", "nvidia.com/gpu.product", "A100"),
+        ("cpu", "8", "nvidia_com/gpu", "4"),
+    )
+    assert record.label("nvidia.com/gpu.product") == "A100" and record.label("absent") is None
+    assert record.allocatable_of("cpu") == "8"
+    assert pairs(record.labels) == {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100"}
+
+
+def test_a_node_advertises_only_extended_resources_it_offers_more_than_none_of() -> None:
+    record = slim_node(node("n", cpu="8", memory="32Gi", nvidia__gpu="0", nvidia__shared="8", bad__q="lots"))
+    assert record is not None and record.advertised() == ("nvidia/shared",)
+    assert by_advertised(record) == ("nvidia/shared",)
+
+
+def test_label_and_quantity_strings_are_shared_between_nodes() -> None:
+    first = slim_node(node("a", {"pool": "gpu-" + "a100"}, cpu="8"))
+    second = slim_node(node("b", {"pool": "gpu-" + "a100"}, cpu="8"))
+    assert first is not None and second is not None
+    assert first.labels[1] is second.labels[1] and first.allocatable[1] is second.allocatable[1]
+
+
+def test_a_node_without_a_name_is_not_kept_and_odd_maps_read_as_empty() -> None:
+    assert slim_node({"kind": "Node", "metadata": {}}) is None
+    odd = slim_node(
+        {"kind": "Node", "metadata": {"name": "n", "labels": ["x"]}, "status": {"allocatable": 3}}
+    )
+    assert odd == NodeRecord("n", "", (), ())
+
+
+def test_nodes_are_keyed_by_name_and_grouped_by_every_resource_they_advertise() -> None:
+    assert NODES.key(node("gpu-1")) == "gpu-1" and not NODES.namespaced and not NODES.metadata_only
+    nodes = [
+        node("gpu-1", nvidia_com__gpu="4"),
+        node("gpu-2", nvidia_com__gpu="4", **{"nvidia_com__gpu-shared": "16"}),
+        node("cpu-1", cpu="8"),
+    ]
+    view = StaticView({"nodes": {NODES.key(obj): NODES.slim(obj) for obj in nodes}}, (NODES,))
+    assert set(view.index("nodes")) == {"gpu-1", "gpu-2", "cpu-1"}
+    assert set(view.group("nodes", "nvidia_com/gpu")) == {"gpu-1", "gpu-2"}
+    assert set(view.group("nodes", "nvidia_com/gpu-shared")) == {"gpu-2"}
+    assert not view.group("nodes", "cpu")
+
+
+def test_a_node_that_stops_advertising_leaves_the_group_and_the_group_goes_when_empty() -> None:
+    offers = slim_node(node("n", **{"x__shared": "4", "x__gpu": "1"}))
+    stops = slim_node(node("n", **{"x__gpu": "1"}))
+    assert offers is not None and stops is not None
+    state = IndexState(synced=True).put("n", offers, by_advertised)
+    assert set(state.groups) == {"x/shared", "x/gpu"}
+    state = state.put("n", stops, by_advertised)
+    assert set(state.groups) == {"x/gpu"} and state.records["n"] is stops
+    assert not state.remove("n", by_advertised).groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.sets(st.sampled_from("abc"))), max_size=40))
+def test_multi_group_index_agrees_with_a_plain_dict_model(ops: list[tuple[bool, int, set[str]]]) -> None:
+    state = IndexState(synced=True)
+    model: dict[str, NodeRecord] = {}
+    for is_put, number, offered in ops:
+        name = f"n{number}"
+        if is_put:
+            record = slim_node(node(name, **{f"x__{resource}": "1" for resource in offered}))
+            assert record is not None
+            state = state.put(name, record, by_advertised)
+            model[name] = record
+        else:
+            state = state.remove(name, by_advertised)
+            model.pop(name, None)
+    assert dict(state.records) == model
+    expected: dict[str, dict[str, NodeRecord]] = {}
+    for name, record in model.items():
+        for key in record.advertised():
+            expected.setdefault(key, {})[name] = record
+    assert {key: dict(members) for key, members in state.groups.items()} == expected

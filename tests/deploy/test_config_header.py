@@ -43,6 +43,8 @@ def test_a_wrong_or_partial_header_is_refused_with_the_field_named(
 def test_the_shipped_configuration_carries_the_header() -> None:
     path = Path(__file__).resolve().parents[2] / "knative" / "base" / "config.yaml"
     assert "kind: CastSliceConfiguration" in path.read_text(encoding="utf-8")
-    # and spells out the defaults, but for PodMutations: off embedded (running locally needs no
-    # cluster), on in the shipped manifests
-    assert load_config_file(path) == parse_config({"podMutations": {"enabled": True}})
+    # and spells out the defaults, but for PodMutations and GPU slicing's node check: off embedded
+    # (running locally needs no cluster), on in the shipped manifests
+    assert load_config_file(path) == parse_config(
+        {"podMutations": {"enabled": True}, "gpuSlicing": {"requireAdvertisedTarget": True}}
+    )

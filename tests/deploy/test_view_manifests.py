@@ -36,14 +36,20 @@ def shipped_config(objs: list[dict[str, Any]], tmp_path: Path) -> Any:
     return load_config_file(path)
 
 
+SWITCHED_ON = {"gpuSlicing": {"requireAdvertisedTarget": True}}
+"""Watches a plug-in declares only when a setting asks (on in the shipped configuration)."""
+
+
 def every_plugin_watch(but: str = "") -> tuple[WatchSpec, ...]:
-    """What the plug-ins need when all are enabled (each with its section's defaults), but the
-    plug-in named ``but``."""
+    """What the plug-ins need when all are enabled (each with its section's defaults, and every
+    setting that adds a watch on), but the plug-in named ``but``."""
     specs = []
     for plugin in PLUGINS:
         if plugin.name == but:
             continue
-        section = plugin.config_model.model_validate({"enabled": True})
+        section = plugin.config_model.model_validate(
+            {"enabled": True, **SWITCHED_ON.get(plugin.config_key, {})}
+        )
         specs.extend(plugin.watches(section))
     return merge_specs(specs)
 

@@ -128,6 +128,9 @@ def test_explain_shows_the_claim_and_template_a_pod_gets_with_backend_dra(
         "(4 slices: shares 4; castops.io/workload-type=training preset) in containers/c; "
         "template presence not checked (no cluster view)",
     ]
-    # Without the dra backend explain stays about PodMutations.
+    # Without the dra backend explain gives slicing's line for a Pod that opts in only.
+    _, out, _ = run(capsys, "explain", "-f", str(manifest), "--config", config_file(tmp_path, {}))
+    assert "  gpu-slicing: mutated: nvidia.com/gpu -> nvidia.com/gpu-shared: 4" in out
+    manifest.write_text(manifest.read_text().replace("castops.io/optimize", "example.com/other"))
     _, out, _ = run(capsys, "explain", "-f", str(manifest), "--config", config_file(tmp_path, {}))
     assert "gpu-slicing" not in out

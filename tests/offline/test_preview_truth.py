@@ -388,14 +388,36 @@ def test_an_8_gpu_tensor_parallel_server_is_not_shrunk_by_a_preset(
     assert code == 0
     assert out == text
     assert (
-        "  gpu-slicing: unchanged: opted in, but containers/vllm-leader asks for nvidia.com/gpu: 8 and the "
-        "castops.io/workload-type=inference preset gives 2 slice(s): not sliced, a multi-GPU job needs its "
-        "devices (asked: containers/vllm-leader: nvidia.com/gpu=8)"
+        "  gpu-slicing: unchanged: opted in, but containers/vllm-leader asks for 8 nvidia.com/gpu: not "
+        "sliced, a job on several GPUs needs distinct devices and the slices of one device may all land "
+        "on one GPU; castops.io/slice-ratio slices it anyway "
+        "(asked: containers/vllm-leader: nvidia.com/gpu=8)"
     ) in err.splitlines()
     assert (
-        "  warning: castslice: not sliced, containers/vllm-leader: 8 nvidia.com/gpu > 2 (inference preset); "
-        "set castops.io/slice-ratio"
+        "  warning: castslice: multi-GPU containers/vllm-leader (8 nvidia.com/gpu) not sliced; "
+        "set castops.io/slice-ratio to force"
     ) in err.splitlines()
+
+
+def test_a_2_gpu_container_is_left_whole_even_where_the_preset_gives_more_slices(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The issue's torchrun case: 2 GPUs and the training preset (4) would make 4 slices of what
+    may be one device, which NCCL refuses."""
+    text = opted_in(
+        "01-kubeflow-pytorchjob-mnist-nccl.yaml",
+        **{"castops.io/optimize": "true", "castops.io/workload-type": "training"},
+    )
+    document = yaml.safe_load(text)
+    for role in document["spec"]["pytorchReplicaSpecs"].values():
+        role["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 2}}
+    text = yaml.safe_dump(document, sort_keys=False)
+    code, out, err = run(monkeypatch, "mutate", "-f", write(tmp_path, "job.yaml", text))
+    assert code == 0
+    assert out == text
+    assert err.count("(2 nvidia.com/gpu) not sliced; set castops.io/slice-ratio to force") == len(
+        document["spec"]["pytorchReplicaSpecs"]
+    )
 
 
 def test_an_explicit_ratio_below_the_gpu_count_slices_warns_and_records_the_request(
@@ -421,15 +443,54 @@ def test_an_explicit_ratio_below_the_gpu_count_slices_warns_and_records_the_requ
 def test_a_hami_pod_opted_into_slicing_with_vgpu_off_is_refused_naming_what_it_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    text = opted_in("17-hami-pod-default-use.yaml", **{"castops.io/optimize": "true"})
+    """Its two GPUs are sliced only on an explicit ratio; then HAMi's memory and cores are named in
+    name order, as the webhook names them (the apiserver sends resources sorted; the file has
+    gpumem first)."""
+    text = opted_in(
+        "17-hami-pod-default-use.yaml", **{"castops.io/optimize": "true", "castops.io/slice-ratio": "2"}
+    )
     code, _, err = run(monkeypatch, "mutate", "-f", write(tmp_path, "hami.yaml", text))
     assert code == 1
     assert (
-        "  gpu-slicing: denied: castslice: containers/ubuntu-container asks for nvidia.com/gpumem, "
-        "a HAMi vGPU resource, and the Pod opts into GPU slicing (castops.io/optimize=true); "
-        "use one or the other "
+        "  gpu-slicing: denied: castslice: containers/ubuntu-container asks for nvidia.com/gpucores, "
+        "nvidia.com/gpumem, HAMi vGPU resources, and the Pod opts into GPU slicing "
+        "(castops.io/optimize=true); use one or the other "
         "(asked: containers/ubuntu-container: nvidia.com/gpu=2)"
     ) in err.splitlines()
+
+
+def test_a_hami_pod_opted_into_slicing_without_a_ratio_is_left_whole_as_a_multi_gpu_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    text = opted_in("17-hami-pod-default-use.yaml", **{"castops.io/optimize": "true"})
+    code, out, err = run(monkeypatch, "mutate", "-f", write(tmp_path, "hami.yaml", text))
+    assert code == 0
+    assert out == text
+    assert "(2 nvidia.com/gpu) not sliced; set castops.io/slice-ratio to force" in err
+
+
+def test_explain_gives_the_slicing_decision_and_why_as_mutate_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    text = opted_in(
+        "13-lws-vllm-gpu.yaml", **{"castops.io/optimize": "true", "castops.io/workload-type": "inference"}
+    )
+    path = write(tmp_path, "lws.yaml", text)
+    code, out, _ = run(monkeypatch, "explain", "-f", path)
+    assert code == 0
+    _, _, report = run(monkeypatch, "mutate", "-f", path)
+    slicing = [line for line in out.splitlines() if "gpu-slicing:" in line or "warning:" in line]
+    assert slicing and all(line in report.splitlines() for line in slicing)
+
+
+def test_explain_and_mutate_with_the_cluster_nodes_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = ROOT / "tests" / "golden" / "nodes-none-offers-target"
+    options = ["--config", str(case / "config.yaml"), "--cluster", str(case / "cluster.yaml")]
+    _, out, _ = run(monkeypatch, "explain", "-f", str(case / "input.yaml"), *options)
+    assert (
+        "  warning: castslice: not sliced, no node offers nvidia.com/gpu-shared; Pod keeps its nvidia.com/gpu"
+        in (out.splitlines())
+    )
 
 
 # -- Helm-rendered output keeps its lines ---------------------------------------------------------

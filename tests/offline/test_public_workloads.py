@@ -3,14 +3,17 @@ Kubeflow training, KubeRay, KServe, LeaderWorkerSet, a JobSet-based Kubeflow Tra
 Volcano, HAMi examples, NVIDIA device-plugin and GPU-operator samples, rendered llm-d Helm output;
 each file names its source and license in its header).
 
-Each is previewed as published and opted into slicing several ways, and the preview must hold three
+Each is previewed as published and opted into slicing several ways, and the preview must hold these
 promises: no silent skip (every GPU request is judged or warned about by name and path), no empty
-explain (every document gets a line, every Pod its workload), and no unwarned change of meaning (a
-container's GPU count shrinking, HAMi resources left on a sliced Pod, another scheduler replaced)."""
+explain (every document gets a line, every Pod its workload), no unwarned change of meaning (a
+container's GPU count shrinking, HAMi resources left on a sliced Pod, another scheduler replaced),
+no job broken (a container asking for several GPUs is sliced only on an explicit slice-ratio), and
+mutators that compose (no Pod denied for a resource it did not ask for: one CastSlice added)."""
 
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,14 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "opted in, inference preset": ({OPT_IN: "true", "castops.io/workload-type": "inference"}, {}),
     "opted in, slice-ratio 4": ({OPT_IN: "true", "castops.io/slice-ratio": "4"}, {}),
     "opted in, vgpu on": ({OPT_IN: "true"}, {"vgpu": {"enabled": True}}),
+    "opted in, training preset, vgpu on": (
+        {OPT_IN: "true", "castops.io/workload-type": "training"},
+        {"vgpu": {"enabled": True}},
+    ),
+    "opted in, slice-ratio 4, vgpu on": (
+        {OPT_IN: "true", "castops.io/slice-ratio": "4"},
+        {"vgpu": {"enabled": True}},
+    ),
     "vgpu on": ({}, {"vgpu": {"enabled": True}}),
     "spot allSpot": ({}, {"spot": {"enabled": True, "preset": "allSpot"}}),
 }
@@ -124,15 +135,34 @@ def test_no_silent_skip_and_no_unwarned_change_of_meaning(path: Path, scenario: 
             decision = site.decision
             assert decision.outcome != "error", f"{name} {site.label}: {decision.reason}"
             assert not site.problem, f"{name} {site.label}: {site.problem}"
+            before = owned_pod(original, site.site, result.index)
+            if decision.outcome == "denied":
+                # Composition: a denial names only resources the Pod itself asked for.
+                asked = {
+                    r for c in containers(before) for r in (c.get("resources") or {}).get("limits") or {}
+                }
+                asked |= {
+                    r for c in containers(before) for r in (c.get("resources") or {}).get("requests") or {}
+                }
+                named = set(re.findall(r"nvidia\.com/[\w.-]*\w", str(decision.denial))) & {
+                    SOURCE,
+                    TARGET,
+                    *HAMI,
+                }
+                assert named <= asked, f"{name} {site.label}: denied for {named - asked}: {decision.denial}"
             if decision.mutated_pod is None:
                 continue
-            before = owned_pod(original, site.site, result.index)
             after = decision.mutated_pod
             warned = " ".join(decision.warnings)
             for old, new in zip(containers(before), containers(after), strict=True):
                 asked, got = gpu_count(old, SOURCE), gpu_count(new, TARGET)
                 if not got or gpu_count(new, SOURCE):
                     continue
+                # No job broken: several GPUs are sliced (maybe onto one device) only on request.
+                if asked > 1:
+                    assert "castops.io/slice-ratio" in annotations, (
+                        f"{name} {site.label}: {asked} GPUs sliced"
+                    )
                 # Sliced: what was asked is recorded, a shrinking count is warned about by number.
                 recorded = after["metadata"].get("annotations", {}).get("castops.io/original-gpu-request", "")
                 assert f"{SOURCE}={asked}" in recorded, f"{name} {site.label}: {recorded!r}"

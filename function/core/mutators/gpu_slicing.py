@@ -19,9 +19,13 @@ would take away the count those resources qualify and the vGPU mutator would add
 docs/vgpu.md); with it off, the sliced Pod would keep asking for HAMi's resources and stay Pending.
 
 A slice count never silently changes what a Pod asked for: the reason names the original count,
-the Pod records it (``castops.io/original-gpu-request``), a container asking for more GPUs than a
-preset or the default gives is not sliced (a multi-GPU job, tensor parallel for one, needs its
-devices; ``slice-ratio`` says so explicitly), and an explicit ratio below the count is warned about.
+the Pod records it (``castops.io/original-gpu-request``), a container asking for more than one GPU
+is not sliced unless ``slice-ratio`` says so (time slices of one device may all land on one GPU,
+and a job on several GPUs, tensor parallel or NCCL, refuses duplicate devices), and an explicit
+ratio below the count is warned about. With ``requireAdvertisedTarget`` a Pod is sliced only to a
+resource some Node advertises (the cluster view's Nodes). Every reason to leave a Pod whole comes
+before the check of HAMi's resources: a Pod left whole may become a vGPU Pod, and what the vgpu
+mutator adds must not get it denied on the next pass.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from function.core.mutators.base import InvalidAnnotation, MutatorResult, Reques
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.core.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.core.pod import (
+    CONTAINER_LISTS,
     Pod,
     annotations_of,
     container_label,
@@ -56,7 +61,7 @@ from function.core.pod import (
     shown,
 )
 from function.core.quantity import QuantityError, parse_quantity
-from function.core.view import WatchSpec
+from function.core.view import NODES, WatchSpec
 
 OPTIMIZE = "castops.io/optimize"
 NOT_SLICED = "Pod not sliced"
@@ -94,6 +99,12 @@ class GpuSlicingConfig(MutatorConfig):
     dra: the Pod gets a ResourceClaim for the slices of one device (Kubernetes 1.34+, see docs/dra.md)."""
     dra: DraConfig = Field(default_factory=DraConfig)
     """How a slice count becomes a claim (``backend: dra`` only)."""
+    requireAdvertisedTarget: bool = False
+    """Slice only when some Node advertises ``targetResource`` (its status.allocatable, from a
+    watch of the Nodes); otherwise the Pod is admitted whole with a warning. The shipped manifests
+    turn it on; off in the built-in defaults, so that ``castslice serve`` and ``castslice mutate``
+    need no cluster. Leave it off on a cluster whose autoscaler adds GPU nodes on demand (no node
+    offers the shared resource until a Pod asks for it). ``backend: extendedResource`` only."""
 
     @model_validator(mode="before")
     @classmethod
@@ -243,131 +254,202 @@ class GpuSlicing:
                 return MutatorResult.denied(f"castslice: {bad.message}")
             return MutatorResult.unchanged(bad.message, bad.warning)
 
-        # Every container's resources read once for this run: the vGPU conflict, who asks for
-        # the source resource and how many, read by every step below.
+        # The order matters: every reason to leave the Pod whole comes before the check of HAMi's
+        # resources, since a Pod left whole may become a vGPU Pod (the vgpu mutator adds
+        # nvidia.com/gpucores to a whole GPU), and the next pass must leave it whole again, not
+        # deny it for what the vgpu mutator added (docs/engine.md, "Mutators that compose").
         scan = self._scan(pod)
-        conflict = scan.conflict
-        if conflict:
-            where, resource = conflict
-            if self.on_invalid is OnInvalidAnnotation.deny:
-                return MutatorResult.denied(
-                    f"castslice: {where} asks for {resource}, a HAMi vGPU resource, and the Pod opts into "
-                    f"GPU slicing ({OPTIMIZE}=true); use one or the other ({self._asked_text(pod)})"
-                )
-            return MutatorResult.unchanged(
-                f"opted in, but {where} asks for HAMi vGPU resource {resource}: not sliced",
-                fit_warning(
-                    f"castslice: Pod not sliced, {resource} is a HAMi vGPU resource",
-                    f"; remove {OPTIMIZE} or it",
-                ),
-            )
-
-        refused = self._shrinks(pod, scan, slices, origin, warnings)
-        if refused is not None:
-            return refused
+        left_whole = self._multi_gpu(scan, origin, warnings) or self._unoffered(scan, ctx, warnings)
+        if left_whole is not None:
+            return left_whole
+        conflict = self._vgpu_conflict(scan)
+        if conflict is not None:
+            return conflict
         if self.dra is not None:
-            return self._claim(pod, scan.only(CLAIMING_LISTS), slices, origin, warnings, ctx)
-        return self._extended(pod, scan, slices, origin, warnings)
+            return self._claim(pod, scan, slices, origin, warnings, ctx)
+        return self._extended(pod, scan, slices, origin, warnings, ctx)
 
-    def _shrinks(
-        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...]
-    ) -> MutatorResult | None:
-        """Not sliced, when a preset (or the default) gives a container fewer slices than the GPUs
-        it asks for: a policy for the common case must not quietly turn a multi-GPU job (tensor
-        parallel, say) into fewer shares than the devices it needs. An explicit slice-ratio is the
-        user's own choice: sliced, with a warning (``_fewer``)."""
+    def _scan(self, pod: Pod) -> list[_Asks]:
+        """Every container that asks for the source resource or for a vGPU resource, read once:
+        the one pass over the Pod's resources every later step works from."""
+        source, vgpu = self.config.sourceResource, self.vgpu_resources
+        found: list[_Asks] = []
+        for kind, index, container in iter_containers(pod):
+            quantities: list[object] = []
+            hami: list[str] = []
+            for _, section in resource_sections(container):
+                for name, quantity in section.items():
+                    if name == source:
+                        quantities.append(quantity)
+                    elif name in vgpu and name not in hami:
+                        hami.append(name)
+            if quantities or hami:
+                count = _count(quantities) if quantities else None
+                zero = bool(quantities) and all(_is_zero(quantity) for quantity in quantities)
+                label = container_label(kind, index, container)
+                found.append(
+                    _Asks(kind, label, container, bool(quantities), count, zero, tuple(sorted(hami)))
+                )
+        return found
+
+    def _multi_gpu(self, scan: list[_Asks], origin: str, warnings: tuple[str, ...]) -> MutatorResult | None:
+        """Left whole when a container asks for more than one GPU and no castops.io/slice-ratio
+        says to slice it: time slices of one device may all land on one physical GPU, and a job
+        spread over several GPUs (torchrun, NCCL, tensor parallel vLLM) refuses duplicate
+        devices and fails at start. An explicit ratio is the user's own choice (sliced; a ratio
+        below the count is warned about, ``_asked``)."""
         if origin.startswith(SLICE_RATIO):
             return None
         source = self.config.sourceResource
-        for _, label, _, count in scan.asking:
-            if count is not None and count > slices:
-                return MutatorResult.unchanged(
-                    f"opted in, but {label} asks for {source}: {count} and the {origin} gives {slices} "
-                    f"slice(s): not sliced, a multi-GPU job needs its devices ({self._asked_text(pod)})",
-                    *warnings,
-                    fit_warning(
-                        f"castslice: not sliced, {label}: {count} {source} > {slices} "
-                        f"({origin.removeprefix(WORKLOAD_TYPE + '=')})",
-                        f"; set {SLICE_RATIO}",
-                    ),
-                )
-        return None
+        several = [asks for asks in scan if asks.gpus is not None and asks.gpus > 1]
+        if not several:
+            return None
+        named = ", ".join(f"{asks.label} asks for {asks.gpus}" for asks in several)
+        first = several[0]
+        return MutatorResult.unchanged(
+            f"opted in, but {named} {source}: not sliced, a job on several GPUs needs distinct devices "
+            f"and the slices of one device may all land on one GPU; {SLICE_RATIO} slices it anyway "
+            f"({_asked_text(scan, source)})",
+            *warnings,
+            fit_warning(
+                f"castslice: multi-GPU {first.label} ({first.gpus} {source}) not sliced",
+                f"; set {SLICE_RATIO} to force",
+            ),
+        )
 
-    def _asked(self, asking: list[Asking], slices: int) -> tuple[str, str, list[str]]:
+    def _unoffered(
+        self, scan: list[_Asks], ctx: RequestContext, warnings: tuple[str, ...]
+    ) -> MutatorResult | None:
+        """Left whole when no Node advertises the target resource: the device plugin keeps
+        ``nvidia.com/gpu`` unless told to rename shared GPUs, and a Pod asking for a resource no
+        node offers stays Pending for ever. Only with the extendedResource backend and
+        ``requireAdvertisedTarget``; a view that cannot tell (offline without --cluster, or a
+        state file without Nodes) is noted in the reason by ``_offer_note``."""
+        if self.dra is not None or not self.config.requireAdvertisedTarget:
+            return None
+        view = ctx.cluster
+        if not view.available or not view.synced(NODES.index):
+            return None
+        if not any(asks.asks_source and not asks.zero for asks in scan):
+            return None  # nothing to slice: said by _extended
+        target = self.config.targetResource
+        # One lookup: the Nodes are grouped by what they advertise. The index is looked at only
+        # when that group is empty (a view holding no Node at all cannot tell).
+        if view.group(NODES.index, target) or not view.index(NODES.index):
+            return None
+        source = self.config.sourceResource
+        return MutatorResult.unchanged(
+            f"opted in, but no node advertises {target} (status.allocatable): not sliced, a Pod asking "
+            f"for it would stay Pending; the device plugin must offer it (docs/gpu-slicing.md) "
+            f"({_asked_text(scan, source)})",
+            *warnings,
+            fit_warning(f"castslice: not sliced, no node offers {target}", f"; Pod keeps its {source}"),
+        )
+
+    def _vgpu_conflict(self, scan: list[_Asks]) -> MutatorResult | None:
+        """An opted-in Pod about to be sliced that asks for a vGPU resource: bad input (see the
+        module). The first container asking for one is named, with its resources in name order,
+        so the webhook (the apiserver serializes resources sorted) and ``castslice mutate`` (a
+        file's own order) name the same one."""
+        asks = next((asks for asks in scan if asks.hami), None)
+        if asks is None:
+            return None
+        resources = ", ".join(asks.hami)
+        several = len(asks.hami) > 1
+        if self.on_invalid is OnInvalidAnnotation.deny:
+            return MutatorResult.denied(
+                f"castslice: {asks.label} asks for {resources}, "
+                f"{'HAMi vGPU resources' if several else 'a HAMi vGPU resource'}, and the Pod opts into "
+                f"GPU slicing ({OPTIMIZE}=true); use one or the other "
+                f"({_asked_text(scan, self.config.sourceResource)})"
+            )
+        return MutatorResult.unchanged(
+            f"opted in, but {asks.label} asks for HAMi vGPU {'resources' if several else 'resource'} "
+            f"{resources}: not sliced",
+            fit_warning(
+                f"castslice: Pod not sliced, {asks.hami[0]} is a HAMi vGPU resource",
+                f"; remove {OPTIMIZE} or it",
+            ),
+        )
+
+    def _asked(self, asking: list[_Asks], slices: int) -> tuple[str, str, list[str]]:
         """What the slicing containers asked for: the record (``ORIGINAL_REQUEST``), the words for
         the reason (a count other than one is named) and the warnings for counts above ``slices``."""
         source, target = self.config.sourceResource, self.config.targetResource
-        counts = [(label, count) for _, label, _, count in asking]
-        record = "; ".join(f"{label}: {source}={_text(count)}" for label, count in counts)
+        record = "; ".join(f"{asks.label}: {source}={_text(asks.gpus)}" for asks in asking)
         where = ", ".join(
-            label if count == 1 else f"{label} (asked {_text(count)} {source})" for label, count in counts
+            asks.label if asks.gpus == 1 else f"{asks.label} (asked {_text(asks.gpus)} {source})"
+            for asks in asking
         )
         fewer = [
             fit_warning(
-                f"castslice: {label} asked for {count} {source}, gets {slices} {target}",
+                f"castslice: {asks.label} asked for {asks.gpus} {source}, gets {slices} {target}",
                 "; a multi-GPU job may not run",
             )
-            for label, count in counts
-            if count is not None and count > slices
+            for asks in asking
+            if asks.gpus is not None and asks.gpus > slices
         ]
         return record, where, fewer
 
-    def _asked_text(self, pod: Pod) -> str:
-        """Every container's request of the source resource, for messages: what the Pod asked."""
-        source = self.config.sourceResource
-        asked = [
-            f"{container_label(kind, index, container)}: {source}={_text(_count(quantities))}"
-            for kind, index, container in iter_containers(pod)
-            if (quantities := _quantities(container, source))
-        ]
-        return "asked: " + ("; ".join(asked) or f"no {source}")
-
-    def _scan(self, pod: Pod) -> Scan:
-        """One walk of every container's resources: the containers asking for the source resource
-        (with their counts), those asking for 0 of it (nvidia.com/gpu: 0, common in templated
-        charts: no GPU, no slice), and the first asking for a vGPU resource."""
-        source, vgpu = self.config.sourceResource, self.vgpu_resources
-        asking: list[Asking] = []
-        zero: list[tuple[str, str]] = []
-        conflict: tuple[str, str] | None = None
-        for kind, index, container in iter_containers(pod):
-            sections = resource_sections(container)
-            if not sections:
-                continue
-            if vgpu and conflict is None:
-                found = next((name for _, section in sections for name in section if name in vgpu), None)
-                if found is not None:
-                    conflict = (container_label(kind, index, container), found)
-            asked = [section[source] for _, section in sections if source in section]  # _quantities
-            if not asked:
-                continue
-            label = container_label(kind, index, container)
-            if all(_is_zero(quantity) for quantity in asked):
-                zero.append((kind, label))
-            else:
-                asking.append(Asking(kind, label, container, _count(asked)))
-        return Scan(asking, zero, conflict)
+    @staticmethod
+    def _slicing(
+        scan: list[_Asks], kinds: tuple[str, ...] = CONTAINER_LISTS
+    ) -> tuple[list[_Asks], list[str]]:
+        """The containers of ``kinds`` asking for the source resource, and the labels of those
+        asking for 0 of it (nvidia.com/gpu: 0, common in templated charts: no GPU, no slice)."""
+        asking = [asks for asks in scan if asks.asks_source and not asks.zero and asks.kind in kinds]
+        zero = [asks.label for asks in scan if asks.zero and asks.kind in kinds]
+        return asking, zero
 
     def _extended(
-        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...]
+        self,
+        pod: Pod,
+        scan: list[_Asks],
+        slices: int,
+        origin: str,
+        warnings: tuple[str, ...],
+        ctx: RequestContext,
     ) -> MutatorResult:
         source, target = self.config.sourceResource, self.config.targetResource
-        asking, zero = scan.asking, [label for _, label in scan.zero]
+        asking, zero = self._slicing(scan)
         record, sliced, fewer = self._asked(asking, slices)
-        for _, _, container, _ in asking:
-            for _, section in resource_sections(container):
+        for asks in asking:
+            for _, section in resource_sections(asks.container):
                 section.pop(source, None)
-            set_resource(container, target, str(slices))
+            set_resource(asks.container, target, str(slices))
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not asking:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
         unrecorded = "" if _record(pod, record) else f"; {ORIGINAL_REQUEST} not recorded"
         return MutatorResult.mutated(
-            f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}{unrecorded}", *warnings, *fewer
+            f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}{self._offer_note(ctx)}{unrecorded}",
+            *warnings,
+            *fewer,
         )
 
+    def _offer_note(self, ctx: RequestContext) -> str:
+        """Said in the reason when whether a node offers the target could not be checked."""
+        if not self.config.requireAdvertisedTarget:
+            return ""
+        view = ctx.cluster
+        if not view.available:
+            why = "no cluster view"
+        elif not view.synced(NODES.index):
+            why = "cluster view not synced"
+        elif not view.group(NODES.index, self.config.targetResource) and not view.index(NODES.index):
+            why = "no Node in the cluster view"
+        else:
+            return ""
+        return f"; whether a node offers {self.config.targetResource} not checked ({why})"
+
     def _claim(
-        self, pod: Pod, scan: Scan, slices: int, origin: str, warnings: tuple[str, ...], ctx: RequestContext
+        self,
+        pod: Pod,
+        scan: list[_Asks],
+        slices: int,
+        origin: str,
+        warnings: tuple[str, ...],
+        ctx: RequestContext,
     ) -> MutatorResult:
         """The dra backend: the GPU request goes, one Pod-level claim from the template of
         ``slices`` comes, and every container that asked for a GPU references it. Ephemeral
@@ -375,14 +457,12 @@ class GpuSlicing:
         dra = self.dra
         assert dra is not None
         source = self.config.sourceResource
-        asking, zero = scan.asking, [label for _, label in scan.zero]
+        asking, zero = self._slicing(scan, CLAIMING_LISTS)
         left = f"; {', '.join(zero)} asks for 0 {source}, left alone" if zero else ""
         if not asking:
             return MutatorResult.unchanged(f"opted in, but no container requests {source}{left}", *warnings)
         spec = pod["spec"]  # a dict: containers were found in it
-        problem = _claims_problem(
-            spec, [(label, container) for _, label, container, _ in asking], dra.claimName
-        )
+        problem = _claims_problem(spec, asking, dra.claimName)
         if problem:
             if self.on_invalid is OnInvalidAnnotation.deny:
                 return MutatorResult.denied(
@@ -405,7 +485,8 @@ class GpuSlicing:
                 ),
             )
         record, sliced, fewer = self._asked(asking, slices)
-        for _, _, container, _ in asking:
+        for asks in asking:
+            container = asks.container
             resources = ensure_map(container, "resources")
             for name, section in resource_sections(container):
                 section.pop(source, None)
@@ -460,25 +541,41 @@ MAX_COUNT = 1_000_000
 """Above this a GPU count is shown as ``?`` (no node has that many; the apiserver judges it)."""
 
 
-def _quantities(container: dict[str, Any], source: str) -> list[Any]:
-    """The container's limit and request of ``source``, as written."""
-    return [section[source] for _, section in resource_sections(container) if source in section]
+class _Asks(NamedTuple):
+    """One container's part in slicing, read once (``GpuSlicing._scan``)."""
+
+    kind: str
+    label: str
+    container: dict[str, Any]
+    asks_source: bool
+    gpus: int | None
+    """The whole number of source devices asked (the larger of limit and request); None when
+    unreadable or not asked (the apiserver judges a malformed quantity itself)."""
+    zero: bool
+    """It asks for 0 of the source: no GPU, no slice."""
+    hami: tuple[str, ...]
+    """The vGPU resources it asks for, in name order."""
 
 
-def _count(asked: list[Any]) -> int | None:
-    """The whole number of devices a container asks (the larger of limit and request, ``asked``),
-    None if unreadable (the apiserver judges a malformed quantity itself)."""
-    try:
-        counts = [parse_quantity(quantity) for quantity in asked]
-    except QuantityError:
-        return None
-    if not counts:
-        return None
+def _count(quantities: list[object]) -> int | None:
+    """The whole number of devices the quantities ask (the largest), None if one is unreadable."""
+    counts = []
+    for quantity in quantities:
+        try:
+            counts.append(parse_quantity(quantity))
+        except QuantityError:
+            return None
     largest = max(counts)
     # A count beyond any node is not a number to write out (nor to convert: thousands of digits).
     if largest > MAX_COUNT:
         return None
     return int(largest) if largest == int(largest) else None
+
+
+def _asked_text(scan: list[_Asks], source: str) -> str:
+    """Every container's request of the source resource, for messages: what the Pod asked."""
+    asked = [f"{asks.label}: {source}={_text(asks.gpus)}" for asks in scan if asks.asks_source]
+    return "asked: " + ("; ".join(asked) or f"no {source}")
 
 
 def _text(count: int | None) -> str:
@@ -505,45 +602,18 @@ CLAIMING_LISTS = ("initContainers", "containers")
 """The containers that may reference a claim (the apiserver gives ephemeral ones no resources)."""
 
 
-class Asking(NamedTuple):
-    """A container asking for the source resource: its list, its label, itself, its count (``_count``)."""
-
-    kind: str
-    label: str
-    container: dict[str, Any]
-    gpus: int | None
-
-
-class Scan(NamedTuple):
-    """What one walk of a Pod's containers found (``GpuSlicing._scan``)."""
-
-    asking: list[Asking]
-    zero: list[tuple[str, str]]
-    """(list, label) of the containers asking for 0 of the source resource."""
-    conflict: tuple[str, str] | None
-    """(label, resource) of the first container asking for a vGPU resource."""
-
-    def only(self, kinds: tuple[str, ...]) -> Scan:
-        """The same, for the containers of ``kinds`` only."""
-        return Scan(
-            [found for found in self.asking if found.kind in kinds],
-            [found for found in self.zero if found[0] in kinds],
-            self.conflict,
-        )
-
-
-def _claims_problem(spec: dict[str, Any], asking: list[tuple[str, dict[str, Any]]], name: str) -> str:
+def _claims_problem(spec: dict[str, Any], asking: list[_Asks], name: str) -> str:
     """Why the claim cannot be added as is: the Pod's own claims are kept, so its name must be free."""
     claims = spec.get("resourceClaims")
     if claims is not None and not isinstance(claims, list):
         return "spec.resourceClaims is not a list"
     if any(isinstance(claim, dict) and claim.get("name") == name for claim in claims or ()):
         return f"spec.resourceClaims already has a claim named {name}"
-    for label, container in asking:
-        resources = container.get("resources")
+    for asks in asking:
+        resources = asks.container.get("resources")
         references = resources.get("claims") if isinstance(resources, dict) else None
         if references is not None and not isinstance(references, list):
-            return f"{label} has resources.claims that is not a list"
+            return f"{asks.label} has resources.claims that is not a list"
     return ""
 
 
@@ -586,8 +656,11 @@ def _claims(config: GpuSlicingConfig) -> Claims:
 
 
 def _watches(config: GpuSlicingConfig) -> tuple[WatchSpec, ...]:
-    """With the dra backend: the templates' metadata, to tell a Pod its template is missing."""
-    return (TEMPLATES,) if config.backend == "dra" else ()
+    """With the dra backend: the templates' metadata, to tell a Pod its template is missing;
+    else, unless switched off, the Nodes, to slice only to a resource some node offers."""
+    if config.backend == "dra":
+        return (TEMPLATES,)
+    return (NODES,) if config.requireAdvertisedTarget else ()
 
 
 PLUGIN = MutatorPlugin(
