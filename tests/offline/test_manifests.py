@@ -62,6 +62,8 @@ EVENTING = KNATIVE_DIR / "components" / "eventing"
 CLUSTER_VIEW = KNATIVE_DIR / "components" / "cluster-view"
 # Namespaces for a spot namespaceSelector term, beside cluster-view (tests/test_view_manifests.py).
 CLUSTER_VIEW_NAMESPACES = KNATIVE_DIR / "components" / "cluster-view-namespaces"
+# Nodes for GPU slicing's requireAdvertisedTarget, beside cluster-view (tests/deploy/test_view_manifests.py).
+CLUSTER_VIEW_NODES = KNATIVE_DIR / "components" / "cluster-view-nodes"
 CONTROLLER = KNATIVE_DIR / "components" / "controller"
 GPU_LEASES = KNATIVE_DIR / "components" / "gpu-leases"
 DRA = KNATIVE_DIR / "components" / "dra"
@@ -169,6 +171,7 @@ def test_layout_is_a_base_five_overlays_and_the_components():
             EVENTING,
             CLUSTER_VIEW,
             CLUSTER_VIEW_NAMESPACES,
+            CLUSTER_VIEW_NODES,
             CONTROLLER,
             GPU_LEASES,
             DRA,
