@@ -7,7 +7,13 @@
 - ``certgen``, ``doctor``: function/admin/
 
 A program is a module function ``run(args) -> int`` (the exit code); adding one is a function
-here that declares its arguments and sets ``run``, and a line in ``PROGRAMS``.
+here that declares its arguments and sets ``run`` to ``run_of("module", "function")``, and a line
+in ``PROGRAMS``.
+
+Each command imports only what it runs: this module imports no program, and the defaults its
+options show come from function/contract.py. ``castslice --version`` loads no configuration
+model, no cryptography, no SQLite, no cluster client (tests/offline/test_cli_startup.py holds it
+to that; tests/benchmarks/cli.py measures the start-up beside ``python -c pass``).
 """
 
 from __future__ import annotations
@@ -15,17 +21,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from importlib import import_module
+from typing import Any, TypeAlias
 
-from function.admin import certgen, doctor
-from function.audit import command as audit
-from function.audit.consumer import AUDIT_DB_ENV, BUCKETS, DEFAULT_AUDIT_DB
-from function.contract import DEFAULT_PORT, EXIT_BROKEN_PIPE, EXIT_INTERNAL, OUTCOMES
-from function.control import command as control
-from function.offline import config, dra, explain, mutate, mutations
-from function.serve import command as serve
+from function.contract import (
+    AUDIT_BUCKETS,
+    AUDIT_DB_ENV,
+    AUDIT_VIEWS,
+    CERT_RENEW_BEFORE_DAYS,
+    CONTROL_LEASE_NAME,
+    DEFAULT_AUDIT_DB,
+    DEFAULT_PORT,
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    FUNCTION_NAMESPACE,
+    LEASE_SECONDS,
+    MUTATING_CONFIGURATIONS,
+    OUTCOMES,
+    RENEW_DEADLINE_SECONDS,
+    RETRY_SECONDS,
+    SERVE_TARGETS,
+    VALIDATING_CONFIGURATIONS,
+    WEBHOOK_SERVICE,
+    WEBHOOK_TLS_SECRET,
+)
 
 Programs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What ``add_subparsers`` returns: each program adds its parser to it."""
@@ -34,11 +54,21 @@ CONFIG_HELP = "configuration file (default: $CASTSLICE_CONFIG, else the built-in
 NAMESPACE_HELP = "namespace of objects that name none (default: default)"
 
 
+def run_of(module: str, function: str = "run") -> Callable[[argparse.Namespace], int]:
+    """The program ``module.function``, imported when it runs, not when the parser is built."""
+
+    def run(args: argparse.Namespace) -> int:
+        code: int = getattr(import_module(module), function)(args)
+        return code
+
+    run.__qualname__ = f"{module}.{function}"
+    return run
+
+
 def version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from function.contract import DISTRIBUTION
-    from function.core.engine import ENGINE_VERSION
+    from function.contract import DISTRIBUTION, ENGINE_VERSION
 
     try:
         package = version(DISTRIBUTION)
@@ -63,7 +93,7 @@ def _serve(sub: Programs) -> None:
     )
     program.add_argument(
         "--target",
-        choices=sorted(serve.TARGETS),
+        choices=sorted(SERVE_TARGETS),
         default="mutate",
         help="what to serve: mutate, the admission webhook; audit, the reference "
         "audit consumer (default: mutate)",
@@ -71,7 +101,7 @@ def _serve(sub: Programs) -> None:
     program.add_argument("--config", help=CONFIG_HELP)
     program.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (default: none, plain HTTP)")
     program.add_argument("--tls-key", help="PEM private key for --tls-cert (default: none)")
-    program.set_defaults(run=serve.run)
+    program.set_defaults(run=run_of("function.serve.command"))
 
 
 def _mutate(sub: Programs) -> None:
@@ -113,7 +143,7 @@ def _mutate(sub: Programs) -> None:
         help="PodMutation documents (a file or a directory) to apply (default: none; "
         "PodMutations in the input count too)",
     )
-    program.set_defaults(run=mutate.run)
+    program.set_defaults(run=run_of("function.offline.mutate"))
 
 
 def _mutations(sub: Programs) -> None:
@@ -123,7 +153,7 @@ def _mutations(sub: Programs) -> None:
     validate.add_argument(
         "files", nargs="+", metavar="FILE", help="PodMutation files or directories (required)"
     )
-    validate.set_defaults(run=mutations.validate)
+    validate.set_defaults(run=run_of("function.offline.mutations", "validate"))
 
 
 def _explain(sub: Programs) -> None:
@@ -159,7 +189,7 @@ def _explain(sub: Programs) -> None:
         "(default: none)",
     )
     program.add_argument("--config", help=CONFIG_HELP)
-    program.set_defaults(run=explain.run)
+    program.set_defaults(run=run_of("function.offline.explain"))
 
 
 def _config(sub: Programs) -> None:
@@ -167,10 +197,10 @@ def _config(sub: Programs) -> None:
     actions = program.add_subparsers(dest="config_command", required=True)
     validate = actions.add_parser("validate", help="check a configuration file")
     validate.add_argument("file", help="the configuration file to check (required)")
-    validate.set_defaults(run=config.validate)
+    validate.set_defaults(run=run_of("function.offline.config", "validate"))
     show = actions.add_parser("show", help="print the effective configuration")
     show.add_argument("--config", help=CONFIG_HELP)
-    show.set_defaults(run=config.show)
+    show.set_defaults(run=run_of("function.offline.config", "show"))
 
 
 def _dra(sub: Programs) -> None:
@@ -193,7 +223,7 @@ def _dra(sub: Programs) -> None:
         default="yaml",
         help="yaml: a stream of documents; json: a v1 List (default: yaml)",
     )
-    render.set_defaults(run=dra.templates)
+    render.set_defaults(run=run_of("function.offline.dra", "templates"))
 
 
 def _audit(sub: Programs) -> None:
@@ -205,7 +235,7 @@ def _audit(sub: Programs) -> None:
     program.add_argument(
         "view",
         nargs="?",
-        choices=audit.VIEWS,
+        choices=AUDIT_VIEWS,
         default="summary",
         help="summary: counts by outcome, namespace, mutator, time; list: the events; "
         "rejected: the events the consumer refused, with why; drift: the stored Pods of --cluster "
@@ -225,11 +255,11 @@ def _audit(sub: Programs) -> None:
     )
     program.add_argument(
         "--since",
-        type=audit.parse_when,
+        type=_when,
         help="from this time: 15m, 2h, 7d ago, or an ISO time (default: the first event)",
     )
     program.add_argument(
-        "--until", type=audit.parse_when, help="before this time, same forms as --since (default: no end)"
+        "--until", type=_when, help="before this time, same forms as --since (default: no end)"
     )
     program.add_argument("-n", "--namespace", help="only Pods in this namespace (default: every namespace)")
     program.add_argument("--outcome", choices=OUTCOMES, help="only this outcome (default: every outcome)")
@@ -237,7 +267,7 @@ def _audit(sub: Programs) -> None:
         "--mutator", help="only decisions where this mutator acted, mutated or denied (default: any)"
     )
     program.add_argument(
-        "--bucket", choices=sorted(BUCKETS), default="hour", help="summary time bucket (default: hour)"
+        "--bucket", choices=sorted(AUDIT_BUCKETS), default="hour", help="summary time bucket (default: hour)"
     )
     program.add_argument(
         "--limit",
@@ -252,7 +282,7 @@ def _audit(sub: Programs) -> None:
         default="table",
         help="table or json; drift also yaml (default: table)",
     )
-    program.set_defaults(run=audit.run)
+    program.set_defaults(run=run_of("function.audit.command"))
 
 
 def _control(sub: Programs) -> None:
@@ -271,8 +301,8 @@ def _control(sub: Programs) -> None:
     )
     program.add_argument(
         "--lease-name",
-        default=control.DEFAULT_LEASE_NAME,
-        help=f"the leader-election Lease (default: {control.DEFAULT_LEASE_NAME})",
+        default=CONTROL_LEASE_NAME,
+        help=f"the leader-election Lease (default: {CONTROL_LEASE_NAME})",
     )
     program.add_argument(
         "--lease-namespace",
@@ -285,22 +315,22 @@ def _control(sub: Programs) -> None:
     program.add_argument(
         "--lease-duration",
         type=float,
-        default=control.LEASE_SECONDS,
-        help=f"seconds a leader's lease lasts unrenewed (default: {control.LEASE_SECONDS})",
+        default=LEASE_SECONDS,
+        help=f"seconds a leader's lease lasts unrenewed (default: {LEASE_SECONDS})",
     )
     program.add_argument(
         "--renew-deadline",
         type=float,
-        default=control.RENEW_DEADLINE,
-        help=f"seconds the leader tries to renew before it stops leading (default: {control.RENEW_DEADLINE})",
+        default=RENEW_DEADLINE_SECONDS,
+        help=f"seconds the leader tries to renew before it stops leading (default: {RENEW_DEADLINE_SECONDS})",
     )
     program.add_argument(
         "--retry-period",
         type=float,
-        default=control.RETRY_SECONDS,
-        help=f"seconds between two tries to acquire or renew (default: {control.RETRY_SECONDS})",
+        default=RETRY_SECONDS,
+        help=f"seconds between two tries to acquire or renew (default: {RETRY_SECONDS})",
     )
-    program.set_defaults(run=control.run)
+    program.set_defaults(run=run_of("function.control.command"))
 
 
 def _certgen(sub: Programs) -> None:
@@ -315,16 +345,15 @@ def _certgen(sub: Programs) -> None:
         "-n",
         "--namespace",
         default="",
-        help=f"the webhook's namespace (default: $POD_NAMESPACE, else {certgen.DEFAULT_NAMESPACE})",
+        help=f"the webhook's namespace (default: $POD_NAMESPACE, else {FUNCTION_NAMESPACE})",
     )
     program.add_argument(
-        "--secret", default=certgen.DEFAULT_SECRET, help=f"the TLS Secret (default: {certgen.DEFAULT_SECRET})"
+        "--secret", default=WEBHOOK_TLS_SECRET, help=f"the TLS Secret (default: {WEBHOOK_TLS_SECRET})"
     )
     program.add_argument(
         "--service",
-        default=certgen.DEFAULT_SERVICE,
-        help="the Service the apiserver calls, <service>.<namespace>.svc "
-        f"(default: {certgen.DEFAULT_SERVICE})",
+        default=WEBHOOK_SERVICE,
+        help=f"the Service the apiserver calls, <service>.<namespace>.svc (default: {WEBHOOK_SERVICE})",
     )
     program.add_argument(
         "--host",
@@ -337,22 +366,22 @@ def _certgen(sub: Programs) -> None:
         action="append",
         default=None,
         help="a MutatingWebhookConfiguration to patch; repeat for more "
-        f"(default: {', '.join(certgen.DEFAULT_MUTATING)})",
+        f"(default: {', '.join(MUTATING_CONFIGURATIONS)})",
     )
     program.add_argument(
         "--validating",
         action="append",
         default=None,
         help="a ValidatingWebhookConfiguration to patch, skipped if absent; repeat for more "
-        f"(default: {', '.join(certgen.DEFAULT_VALIDATING)})",
+        f"(default: {', '.join(VALIDATING_CONFIGURATIONS)})",
     )
     program.add_argument(
         "--renew-before-days",
         type=int,
-        default=certgen.RENEW_BEFORE_DAYS,
-        help=f"replace a certificate expiring within this many days (default: {certgen.RENEW_BEFORE_DAYS})",
+        default=CERT_RENEW_BEFORE_DAYS,
+        help=f"replace a certificate expiring within this many days (default: {CERT_RENEW_BEFORE_DAYS})",
     )
-    program.set_defaults(run=certgen.run)
+    program.set_defaults(run=run_of("function.admin.certgen"))
 
 
 def _doctor(sub: Programs) -> None:
@@ -365,16 +394,16 @@ def _doctor(sub: Programs) -> None:
     program.add_argument(
         "-n",
         "--namespace",
-        default=certgen.DEFAULT_NAMESPACE,
-        help=f"the webhook's namespace (default: {certgen.DEFAULT_NAMESPACE})",
+        default=FUNCTION_NAMESPACE,
+        help=f"the webhook's namespace (default: {FUNCTION_NAMESPACE})",
     )
     program.add_argument(
         "--webhook", default="castslice", help="its MutatingWebhookConfiguration (default: castslice)"
     )
     program.add_argument(
         "--secret",
-        default=certgen.DEFAULT_SECRET,
-        help=f"its serving-certificate Secret (default: {certgen.DEFAULT_SECRET})",
+        default=WEBHOOK_TLS_SECRET,
+        help=f"its serving-certificate Secret (default: {WEBHOOK_TLS_SECRET})",
     )
     program.add_argument(
         "--service-account",
@@ -396,7 +425,7 @@ def _doctor(sub: Programs) -> None:
         default=24,
         help="drift: Pods created within this many hours (default: 24)",
     )
-    program.set_defaults(run=doctor.run)
+    program.set_defaults(run=run_of("function.admin.doctor"))
 
 
 PROGRAMS: tuple[Callable[[Programs], None], ...] = (
@@ -414,16 +443,30 @@ PROGRAMS: tuple[Callable[[Programs], None], ...] = (
 """In the order ``castslice --help`` lists them."""
 
 
+class _Version(argparse.Action):
+    """``--version``, worked out only when asked for (argparse's own action takes the text when the
+    parser is built, for every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        sys.stdout.write(version_text() + "\n")
+        parser.exit()
+
+
+def _when(text: str) -> Any:
+    """``--since``/``--until``: the audit program's time parser, imported when an option uses it."""
+    from function.audit.command import parse_when
+
+    return parse_when(text)
+
+
+_when.__name__ = "time"  # argparse names it in its error: "invalid time value: 'soon'"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="castslice", description="GPU and spot admission webhook: serve it, or see what it would do."
     )
-    top.add_argument(
-        "--version",
-        action="version",
-        version=version_text(),
-        help="print the version and exit (default: off)",
-    )
+    top.add_argument("--version", action=_Version, nargs=0, help="print the version and exit (default: off)")
     sub = top.add_subparsers(dest="command", required=True)
     for add_program in PROGRAMS:
         add_program(sub)
@@ -450,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         if os.environ.get("CASTSLICE_DEBUG") == "1":
+            import traceback
+
             traceback.print_exc()
         return EXIT_INTERNAL
     return code

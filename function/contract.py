@@ -139,3 +139,27 @@ EXIT_INTERNAL: Final = 3
 """A bug: an exception escaped a program, or the engine answered with an internal error."""
 EXIT_BROKEN_PIPE: Final = 141
 """128 + SIGPIPE: what a shell reports for a tool whose reader went away (``| head``)."""
+ENGINE_VERSION: Final = "0.1.0"
+"""The decision engine's version, in ``castslice --version`` and every decision event."""
+
+# The defaults the parser of function/cli.py shows, here rather than in the programs: the parser
+# is built for every command, and must not import a program (its imports) to state a default.
+SERVE_TARGETS: Final = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
+"""What ``castslice serve --target`` may name: functions-framework targets in function/func.py."""
+CONTROL_LEASE_NAME: Final = "castslice-control"
+"""The controller's leader-election Lease (knative/components/controller names it in its Role)."""
+LEASE_SECONDS: Final = 15.0
+RENEW_DEADLINE_SECONDS: Final = 10.0
+RETRY_SECONDS: Final = 2.0
+"""client-go's leader-election defaults: lease duration, renew deadline, retry period."""
+WEBHOOK_TLS_SECRET: Final = "castslice-serving-tls"
+WEBHOOK_SERVICE: Final = "castslice"
+MUTATING_CONFIGURATIONS: Final = ("castslice",)
+VALIDATING_CONFIGURATIONS: Final = ("castslice-podmutations",)
+"""The webhook configurations ``castslice certgen`` writes the CA into, by default."""
+CERT_RENEW_BEFORE_DAYS: Final = 30
+AUDIT_DB_ENV: Final = "CASTSLICE_AUDIT_DB"
+DEFAULT_AUDIT_DB: Final = "castslice-audit.sqlite3"
+AUDIT_VIEWS: Final = ("summary", "list", "rejected", "drift")
+AUDIT_BUCKETS: Final = {"minute": 16, "hour": 13, "day": 10}
+"""Time-bucket widths as prefix lengths of the stored time (2025-01-31T12:34:...)."""

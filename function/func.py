@@ -26,8 +26,8 @@ from functions_framework import aio
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from function.audit.consumer import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, AuditStore, InvalidEvent
-from function.contract import LARGE_REVIEWS_ENV
+from function.audit.consumer import AuditStore, InvalidEvent
+from function.contract import AUDIT_DB_ENV, DEFAULT_AUDIT_DB, LARGE_REVIEWS_ENV
 from function.serve.app import WebhookOnDemand, build_webhook
 from function.serve.asgi import Reply, answer_request
 from function.serve.http_api import WebhookHttp

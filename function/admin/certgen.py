@@ -32,16 +32,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from function.contract import (
+    CERT_RENEW_BEFORE_DAYS,
+    FUNCTION_NAMESPACE,
+    MUTATING_CONFIGURATIONS,
+    VALIDATING_CONFIGURATIONS,
+    WEBHOOK_SERVICE,
+    WEBHOOK_TLS_SECRET,
+)
 from function.kube.client import JSON_PATCH, Api, ApiError, collection_path, kube_client, object_path
 
-DEFAULT_NAMESPACE = "castslice-system"
-DEFAULT_SECRET = "castslice-serving-tls"
-DEFAULT_SERVICE = "castslice"
-DEFAULT_MUTATING = ("castslice",)
-DEFAULT_VALIDATING = ("castslice-podmutations",)
+DEFAULT_NAMESPACE = FUNCTION_NAMESPACE
+DEFAULT_SECRET = WEBHOOK_TLS_SECRET
+DEFAULT_SERVICE = WEBHOOK_SERVICE
+DEFAULT_MUTATING = MUTATING_CONFIGURATIONS
+DEFAULT_VALIDATING = VALIDATING_CONFIGURATIONS
 CA_DAYS = 3650
 CERT_DAYS = 730
-RENEW_BEFORE_DAYS = 30
+RENEW_BEFORE_DAYS = CERT_RENEW_BEFORE_DAYS
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from function.admission.wire import AdmissionResponse, AdmissionReview, allowed, denied
-from function.core.podmutation.compiled import CompiledMutation, compile_object, from_api_form, is_api_form
+from function.core.podmutation.compiled import CompiledMutation, compile_object, from_api_form
+from function.core.podmutation.names import is_api_form
 
 MESSAGE_LIMIT = 1000
 """The apiserver shows the whole status message to kubectl; keep it readable."""

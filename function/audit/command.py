@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from function.audit.consumer import AuditStore, Query
-from function.contract import EXIT_BAD_INPUT, OUTCOMES
+from function.contract import AUDIT_VIEWS, EXIT_BAD_INPUT, OUTCOMES
 
-VIEWS = ("summary", "list", "rejected", "drift")
+VIEWS = AUDIT_VIEWS
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

@@ -33,16 +33,19 @@ from function.audit.events import (
     format_time,
     subject_for,
 )
-from function.contract import EVENT_EXTENSIONS, EVENT_TYPES, LEASE_EVENT_TYPES, OUTCOMES
+from function.contract import (
+    AUDIT_BUCKETS,
+    EVENT_EXTENSIONS,
+    EVENT_TYPES,
+    LEASE_EVENT_TYPES,
+    OUTCOMES,
+)
 
-AUDIT_DB_ENV: Final = "CASTSLICE_AUDIT_DB"
-DEFAULT_AUDIT_DB: Final = "castslice-audit.sqlite3"
 SCHEMA_FILE: Final = "schemas/decision-event.v1.json"
 LEASE_SCHEMA_FILE: Final = "schemas/gpulease-event.v1.json"
 TYPE_OUTCOME: Final = {event_type: outcome for outcome, event_type in EVENT_TYPES.items()}
 TYPE_STEP: Final = {event_type: step for step, event_type in LEASE_EVENT_TYPES.items()}
-BUCKETS: Final = {"minute": 16, "hour": 13, "day": 10}
-"""Time-bucket widths as prefix lengths of the stored time (2025-01-31T12:34:...)."""
+BUCKETS: Final = AUDIT_BUCKETS
 
 
 @cache

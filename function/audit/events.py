@@ -29,8 +29,8 @@ from cloudevents.http import CloudEvent
 
 from function.admission.facts import AuditFacts, may_carry_secrets, secret_strings
 from function.audit.sinks import WireEvent, compact_json
-from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
-from function.core.engine import ENGINE_VERSION, Decision
+from function.contract import ENGINE_VERSION, EVENT_EXTENSIONS, EVENT_TYPES
+from function.core.engine import Decision
 from function.core.json_patch import Operation
 from function.core.pod import cap_warning
 from function.core.pointer import tokens

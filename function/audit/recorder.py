@@ -25,8 +25,9 @@ from function.audit.delivery import EventSender, RetryPolicy
 from function.audit.events import Event, build_wire_event, parse_extension_overrides, wire_event
 from function.audit.metrics import IGNORED, AuditMetrics
 from function.audit.sinks import DEFAULT_DAPR_PORT, DaprSink, KnativeSink, Sink, StdoutSink, StdoutWriter
+from function.contract import ENGINE_VERSION
 from function.core.config import AuditConfig, Config, ConfigError
-from function.core.engine import ENGINE_VERSION, Decision
+from function.core.engine import Decision
 
 log = logging.getLogger("castslice.audit")
 

@@ -7,9 +7,9 @@ import argparse
 import os
 import sys
 
-from function.contract import EXIT_BAD_INPUT
-from function.control.process import DEFAULT_LEASE_NAME
-from function.kube.elector import LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS
+from function.contract import CONTROL_LEASE_NAME as DEFAULT_LEASE_NAME
+from function.contract import EXIT_BAD_INPUT, LEASE_SECONDS, RETRY_SECONDS
+from function.contract import RENEW_DEADLINE_SECONDS as RENEW_DEADLINE
 
 __all__ = ["DEFAULT_LEASE_NAME", "LEASE_SECONDS", "RENEW_DEADLINE", "RETRY_SECONDS", "run"]
 

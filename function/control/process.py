@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from function.contract import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from function.contract import CONTROL_LEASE_NAME, HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from function.control.reconciler import Emit, Reconciler
 from function.control.runner import Runner
 from function.core.config import Config
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("castslice.control")
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-DEFAULT_LEASE_NAME = "castslice-control"
+DEFAULT_LEASE_NAME = CONTROL_LEASE_NAME
 
 
 @dataclass(frozen=True)

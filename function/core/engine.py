@@ -23,7 +23,6 @@ from function.core.mutators.registry import Neighbours, Settings
 from function.core.pod import Pod, labels_of
 from function.core.rules import introduced
 
-ENGINE_VERSION = "0.1.0"
 MAX_PASSES = 5
 """Every mutator reaches its fixed point in one pass today; five leaves room and catches loops."""
 

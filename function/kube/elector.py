@@ -32,11 +32,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from function.contract import LEASE_SECONDS as CONTRACT_LEASE_SECONDS
+from function.contract import RENEW_DEADLINE_SECONDS
+from function.contract import RETRY_SECONDS as CONTRACT_RETRY_SECONDS
 from function.kube.client import Api, ApiError, collection_path, object_path
 
 log = logging.getLogger("castslice.control.elector")
 
-LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS = 15.0, 10.0, 2.0
+LEASE_SECONDS, RENEW_DEADLINE, RETRY_SECONDS = (
+    CONTRACT_LEASE_SECONDS,
+    RENEW_DEADLINE_SECONDS,
+    CONTRACT_RETRY_SECONDS,
+)
 JITTER = 1.2
 
 

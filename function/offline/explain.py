@@ -23,6 +23,7 @@ from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
 from function.core.mutators.base import RequestContext
 from function.core.mutators.gpu_slicing import OPTIMIZE
+from function.core.podmutation.names import is_mutation_document
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, ClusterView
 from function.offline.config import config_from
 from function.offline.discovery import dotted, find_pods, resources_outside
@@ -30,7 +31,7 @@ from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
 from function.offline.leases import lease_lines
 from function.offline.manifests import describe_name, gpu_resources, owned_pod
 from function.offline.mutations import documents_from
-from function.offline.podmutations import Explanation, explain, is_mutation_document, load
+from function.offline.podmutations import Explanation, explain, load
 from function.offline.sources import manifest_sources
 from function.offline.state_file import StateFileError, load_state
 from function.offline.yamldoc import DocumentError

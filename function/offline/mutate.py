@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from function.contract import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_INTERNAL
 from function.core.config import Config, ConfigError, watches_for
 from function.core.engine import Engine
+from function.core.podmutation.names import is_mutation_document
 from function.core.view import (
     EMPTY_VIEW,
     PODS,
@@ -23,8 +24,6 @@ from function.offline.config import config_from
 from function.offline.leases import STATE_SPECS as LEASE_STATE_SPECS
 from function.offline.leases import with_gpu_leases
 from function.offline.manifests import ObjectResult, mutate_chunk
-from function.offline.mutations import documents_from
-from function.offline.podmutations import WithMutations, is_mutation_document, load
 from function.offline.sources import manifest_sources, several
 from function.offline.state_file import StateFileError, load_state
 from function.offline.yamldoc import DocumentError, load_documents
@@ -90,7 +89,12 @@ def _with_podmutations(
     config: Config, documents: list[Any], out: TextIO, cluster: ClusterView = EMPTY_VIEW
 ) -> tuple[Config, ClusterView]:
     """PodMutation documents among ``documents`` as the cluster view the webhook would have; with
-    any, the podMutations mutator is switched on (naming them is asking for them)."""
+    any, the podMutations mutator is switched on (naming them is asking for them). PodMutations are
+    compiled only when there are some: a manifest without one does not load their machinery."""
+    if not any(is_mutation_document(document) for document in documents):
+        return config, cluster
+    from function.offline.podmutations import WithMutations, load
+
     loaded = load(documents)
     if not loaded.records:
         return config, cluster
@@ -107,6 +111,15 @@ def _with_podmutations(
         config = config.model_copy(update={"podMutations": section.model_copy(update={"enabled": True})})
     mutations = StaticView({"podmutations": loaded.records}, specs=())
     return config, WithMutations(cluster, mutations) if cluster.available else mutations
+
+
+def _mutation_documents(path: str | None) -> list[Any]:
+    """The documents of ``--mutations`` (none without it)."""
+    if not path:
+        return []
+    from function.offline.mutations import documents_from
+
+    return documents_from(path)
 
 
 def _write_patches(results: list[ObjectResult]) -> None:
@@ -146,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         sources = manifest_sources(args.filename, args.recursive)
         loaded = [(label, load_documents(text, label)) for label, text in sources]
         cluster = _cluster_from(args.cluster, config)
-        extra = documents_from(args.mutations)
+        extra = _mutation_documents(args.mutations)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return EXIT_BAD_INPUT

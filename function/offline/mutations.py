@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from function.admission.podmutations import check
-from function.offline.podmutations import documents_in, is_mutation_document
+from function.core.podmutation.names import is_mutation_document
+from function.offline.podmutations import documents_in
 
 
 def documents_from(directory: str | None) -> list[Any]:

@@ -18,10 +18,9 @@ from function.core.podmutation.compiled import (
     InvalidMutation,
     compile_object,
     from_api_form,
-    is_api_form,
-    is_podmutation,
 )
 from function.core.podmutation.match import Selection, Workload, select, workload_of
+from function.core.podmutation.names import is_api_form, is_mutation_document
 from function.core.view import ClusterView, Overlay
 
 Record = CompiledMutation | InvalidMutation
@@ -44,10 +43,6 @@ class WithMutations(Overlay):
 
     def group(self, name: str, key: str) -> Mapping[str, Any]:
         return self.mutations.group(name, key) if name == OUR_INDEX else self.base.group(name, key)
-
-
-def is_mutation_document(doc: Any) -> bool:
-    return is_podmutation(doc) or is_api_form(doc)
 
 
 def compile_document(doc: Mapping[str, Any]) -> Record:

@@ -10,12 +10,11 @@ import sys
 from typing import Any
 
 from function.config_file import load_config, load_config_file
-from function.contract import EXIT_BAD_INPUT, KEPT_ALIVE_IDLE_SECONDS, LARGE_REVIEWS_ENV
+from function.contract import EXIT_BAD_INPUT, KEPT_ALIVE_IDLE_SECONDS, LARGE_REVIEWS_ENV, SERVE_TARGETS
 from function.core.config import ConfigError, watches_for
 from function.serve.draining import drain_seconds
 
-TARGETS = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
-"""What ``--target`` may name: functions-framework targets in function/func.py."""
+TARGETS = SERVE_TARGETS
 
 
 def run(args: argparse.Namespace) -> int:

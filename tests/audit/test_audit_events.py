@@ -26,9 +26,9 @@ from function.audit.events import (
     parse_extension_overrides,
     redact_patch,
 )
-from function.contract import EVENT_EXTENSIONS, EVENT_TYPES
+from function.contract import ENGINE_VERSION, EVENT_EXTENSIONS, EVENT_TYPES
 from function.core.config import Config, parse_config
-from function.core.engine import ENGINE_VERSION, Decision, Engine
+from function.core.engine import Decision, Engine
 from function.core.mutators.base import Action, MutatorDecision
 from tests.support import load_review, review_names
 

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from function.core.mutators.pod_mutations import OUR_MUTATIONS  # noqa: E402
+from function.core.mutators.pod_mutations_mutator import OUR_MUTATIONS  # noqa: E402
 from tests.benchmarks.webhook import free_port, large_reviews, stop  # noqa: E402
 from tests.support.hostile import podmutation_objects  # noqa: E402
 from tests.support.view import FakeApiServer, kubeconfig_for  # noqa: E402

@@ -11,23 +11,23 @@ from typing import Any
 import pytest
 
 from function.core.mutators.base import MutatorResult, RequestContext
-from function.core.mutators.pod_mutations import (
+from function.core.mutators.pod_mutations import PodMutationsConfig, watches
+from function.core.mutators.pod_mutations_mutator import (
     CASTAI_MUTATIONS,
     JOBS,
     OUR_MUTATIONS,
     JobRecord,
     PodMutations,
-    PodMutationsConfig,
     loaded_mutations,
     siblings_of,
     slim_job,
     slim_podmutation,
-    watches,
 )
 from function.core.placement import SiblingCounts
 from function.core.pod import Owner
-from function.core.podmutation.apply import MARK_ANNOTATION, Siblings
+from function.core.podmutation.apply import Siblings
 from function.core.podmutation.compiled import InvalidMutation, compile_object
+from function.core.podmutation.names import MARK_ANNOTATION
 from function.core.view import EMPTY_VIEW, PODS, REPLICASETS, IndexState, PodRecord, StaticView, View
 from tests.support import PodGroupView, mutation_records, pm
 

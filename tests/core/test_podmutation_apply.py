@@ -12,16 +12,15 @@ import pytest
 from function.core.placement import PLACEMENT_LABEL, SiblingCounts
 from function.core.podmutation.apply import (
     GROUP_ANNOTATION,
-    MARK_ANNOTATION,
     Siblings,
     add_toleration,
     and_into_required,
     apply_mutation,
     choose_group,
-    marked_by,
     pod_shape_problem,
 )
 from function.core.podmutation.compiled import Group
+from function.core.podmutation.names import MARK_ANNOTATION, marked_by
 from tests.support import compiled_mutation
 
 TEMPLATE_KEY = "scheduling.cast.ai/node-template"

@@ -17,9 +17,8 @@ from function.core.podmutation.compiled import (
     compile_object,
     compile_spec,
     from_api_form,
-    is_api_form,
-    is_podmutation,
 )
+from function.core.podmutation.names import is_api_form, is_podmutation
 from function.core.podmutation.spec import Matcher, parse_spec
 
 OURS = "castops.io/v1alpha1"

@@ -21,10 +21,10 @@ from function.core.podmutation.compiled import (
     InvalidMutation,
     compile_object,
     from_api_form,
-    is_api_form,
 )
 from function.core.podmutation.jsonpatch_ext import apply_sequence, compile_operations, expand, parse_path
 from function.core.podmutation.match import Rank, Workload, rank, select, workload_of
+from function.core.podmutation.names import is_api_form
 
 OURS = "castops.io/v1alpha1"
 CASTAI = "pod-mutations.cast.ai/v1"

@@ -20,9 +20,10 @@ from function.core.config import parse_config
 from function.core.engine import Engine
 from function.core.json_patch import copy_json
 from function.core.mutators.base import RequestContext
-from function.core.mutators.pod_mutations import JOBS, OUR_MUTATIONS, siblings_of
+from function.core.mutators.pod_mutations_mutator import JOBS, OUR_MUTATIONS, siblings_of
 from function.core.pod import Owner
-from function.core.podmutation.apply import MARK_ANNOTATION, pod_shape_problem
+from function.core.podmutation.apply import pod_shape_problem
+from function.core.podmutation.names import MARK_ANNOTATION
 from function.core.view import PodRecord, StaticView, slim_pod
 from tests.support import asgi_client, mutation_records, pm, pod_review
 

@@ -8,7 +8,9 @@ from typing import Any, get_args
 import yaml
 
 from function import contract
-from function.core.mutators.pod_mutations import CASTAI_MUTATIONS, OUR_MUTATIONS, PodMutationsConfig, watches
+from function.core.mutators.pod_mutations import PodMutationsConfig, watches
+from function.core.mutators.pod_mutations_mutator import CASTAI_MUTATIONS, OUR_MUTATIONS
+from function.core.podmutation import names
 from function.core.podmutation import spec as model
 from function.core.podmutation.jsonpatch_ext import OPS
 
@@ -28,12 +30,12 @@ def _spec_schema() -> dict[str, Any]:
 
 def test_crd_names_group_scope_and_status() -> None:
     (crd,) = _load("podmutation-crd.yaml")
-    assert crd["metadata"]["name"] == f"{model.PLURAL}.{model.OUR_GROUP}"
+    assert crd["metadata"]["name"] == f"{names.PLURAL}.{names.OUR_GROUP}"
     assert crd["spec"]["scope"] == "Cluster"
-    assert crd["spec"]["names"]["kind"] == model.KIND
+    assert crd["spec"]["names"]["kind"] == names.KIND
     assert crd["spec"]["names"]["shortNames"] == ["podmut"]
     (version,) = crd["spec"]["versions"]
-    assert version["name"] == model.OUR_VERSION and version["subresources"] == {"status": {}}
+    assert version["name"] == names.OUR_VERSION and version["subresources"] == {"status": {}}
 
 
 def test_crd_spec_fields_are_the_model_fields() -> None:
@@ -57,7 +59,7 @@ def test_validating_webhook_calls_the_served_path_for_our_group_only() -> None:
     (hook,) = config["webhooks"]
     assert hook["clientConfig"]["url"].endswith(contract.VALIDATE_PODMUTATIONS_PATH)
     (rule,) = hook["rules"]
-    assert rule["apiGroups"] == [model.OUR_GROUP] and rule["resources"] == [model.PLURAL]
+    assert rule["apiGroups"] == [names.OUR_GROUP] and rule["resources"] == [names.PLURAL]
     assert hook["sideEffects"] == "None"
 
 

@@ -19,8 +19,8 @@ from cloudevents.conversion import to_dict
 
 from function import cli
 from function.audit.consumer import AuditStore, InvalidEvent
-from function.contract import EXIT_BROKEN_PIPE
-from function.core.engine import ENGINE_VERSION, Decision
+from function.contract import ENGINE_VERSION, EXIT_BROKEN_PIPE
+from function.core.engine import Decision
 from function.offline import mutate
 from tests.support.audit import event_for
 from tests.support.cli import run

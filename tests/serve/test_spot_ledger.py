@@ -213,7 +213,7 @@ def test_a_burst_under_a_podmutation_distribution_is_split_exactly_in_one_proces
     from function.admission.review import Admission
     from function.admission.wire import parse_review
     from function.core.engine import Engine
-    from function.core.mutators.pod_mutations import OUR_MUTATIONS
+    from function.core.mutators.pod_mutations_mutator import OUR_MUTATIONS
     from function.core.view import PODS, REPLICASETS
 
     config = parse_config({"podMutations": {"enabled": True}})

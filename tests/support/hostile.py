@@ -237,7 +237,7 @@ def podmutation_objects(castai: bool = False) -> list[dict[str, Any]]:
 def podmutation_view(castai: bool = False) -> Any:
     """The PodMutations above, siblings of every owner in the recorded reviews (placed, grouped,
     terminating, unplaced) and recent decisions not yet in the view, as the served webhook sees them."""
-    from function.core.mutators.pod_mutations import CASTAI_MUTATIONS, JOBS, OUR_MUTATIONS
+    from function.core.mutators.pod_mutations_mutator import CASTAI_MUTATIONS, JOBS, OUR_MUTATIONS
     from function.core.placement import LEDGER_INDEX, LedgerEntry
     from function.core.pod import Owner
     from function.core.view import PODS, REPLICASETS, Overlay, PodRecord, StaticView

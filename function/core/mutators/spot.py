@@ -59,7 +59,7 @@ from function.core.placement import (
     spot_target,
 )
 from function.core.pod import NO_OWNER, Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
-from function.core.podmutation.apply import marked_by
+from function.core.podmutation.names import marked_by
 from function.core.rules import label_key_problem
 from function.core.selectors import LabelSelector
 from function.core.view import PODS, REPLICASETS, ClusterView, PodRecord, ReplicaSetRecord, WatchSpec

@@ -14,7 +14,6 @@ even when a patch is not idempotent (``add /spec/tolerations/-``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from function.core.placement import (
 )
 from function.core.podmutation.compiled import CompiledMutation, Group
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
+from function.core.podmutation.names import MARK_ANNOTATION
 from function.core.podmutation.spec import (
     NODE_TEMPLATE_KEY,
     NodeAffinity,
@@ -41,27 +41,12 @@ from function.core.podmutation.spec import (
 from function.core.rules import introduced_violations, scheduling_violations
 from function.core.view import MUTATION_GROUP_ANNOTATION
 
-MARK_ANNOTATION = "castops.io/pod-mutation"
-"""``<name>/<generation>`` of the PodMutation applied to this Pod."""
 GROUP_ANNOTATION = MUTATION_GROUP_ANNOTATION
 """The distribution group chosen for this Pod (siblings are counted by it, through the view)."""
 
 NODE_AFFINITY = "nodeAffinity"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-
-
-_MARK_FORM = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[0-9]{1,19}")
-"""``<name>/<generation>``: a PodMutation's object name and its metadata.generation."""
-
-
-def marked_by(pod: Mapping[str, Any]) -> str | None:
-    """The PodMutation (``<name>/<generation>``) that marked the Pod, or None: an absent mark, or
-    a value this mutator never writes (``""``, a stray string), which it overwrites."""
-    metadata = pod.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    value = annotations.get(MARK_ANNOTATION) if isinstance(annotations, Mapping) else None
-    return value if isinstance(value, str) and _MARK_FORM.fullmatch(value) else None
 
 
 @dataclass(frozen=True)

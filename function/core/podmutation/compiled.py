@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, compile_operations
-from function.core.podmutation.regex import LinearRegex, compile_linear
-from function.core.podmutation.spec import (
+from function.core.podmutation.names import (
     CASTAI_GROUP,
     CASTAI_VERSION,
     KIND,
     OUR_GROUP,
     OUR_VERSION,
+    is_podmutation,
+)
+from function.core.podmutation.regex import LinearRegex, compile_linear
+from function.core.podmutation.spec import (
     InvalidSpec,
     LabelsMatch,
     Matcher,
@@ -211,12 +214,6 @@ def _snake(attr: str) -> str:
     }.get(attr, attr)
 
 
-def is_podmutation(obj: Any) -> bool:
-    if not isinstance(obj, Mapping) or obj.get("kind") != KIND:
-        return False
-    return obj.get("apiVersion") in (f"{OUR_GROUP}/{OUR_VERSION}", f"{CASTAI_GROUP}/{CASTAI_VERSION}")
-
-
 def compile_object(obj: Mapping[str, Any]) -> CompiledMutation | InvalidMutation:
     """A PodMutation object (either group) compiled, or the list of what is wrong with it."""
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -253,11 +250,6 @@ _SPOT_TYPES = {
     "PREFERRED_SPOT": "preferred-spot",
 }
 _API_IGNORED = ("organizationId", "clusterId", "id", "source", "createdAt", "updatedAt")
-
-
-def is_api_form(doc: Any) -> bool:
-    """CAST AI's API JSON: no apiVersion/kind, a ``name`` and an ``objectFilter``."""
-    return isinstance(doc, Mapping) and "apiVersion" not in doc and "name" in doc and "objectFilter" in doc
 
 
 def from_api_form(doc: Mapping[str, Any]) -> dict[str, Any]:

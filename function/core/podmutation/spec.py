@@ -19,13 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from function.core.podmutation.regex import RegexError, compile_linear
 from function.core.podmutation.resource_rules import check_operations
 
-OUR_GROUP = "castops.io"
-OUR_VERSION = "v1alpha1"
-CASTAI_GROUP = "pod-mutations.cast.ai"
-CASTAI_VERSION = "v1"
-KIND = "PodMutation"
-PLURAL = "podmutations"
-
 NODE_TEMPLATE_KEY = "scheduling.cast.ai/node-template"
 
 # Kubernetes' own syntax for the keys and values the declarative fields write (the apiserver
