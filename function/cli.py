@@ -376,6 +376,12 @@ def _certgen(sub: Programs) -> None:
         f"(default: {', '.join(VALIDATING_CONFIGURATIONS)})",
     )
     program.add_argument(
+        "--owner-service-account",
+        metavar="NAME",
+        help="a ServiceAccount of the namespace that owns the Secret, so deleting it (helm uninstall, "
+        "kubectl delete -k) deletes the Secret; not yet there, the next run adds it (default: none)",
+    )
+    program.add_argument(
         "--renew-before-days",
         type=int,
         default=CERT_RENEW_BEFORE_DAYS,

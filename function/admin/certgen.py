@@ -168,34 +168,68 @@ def ca_bundle(new_ca: bytes, previous_ca: bytes | None) -> bytes:
 # --- the cluster side -----------------------------------------------------------------------------
 
 
-def _secret_data(api: Api, namespace: str, name: str) -> tuple[dict[str, bytes] | None, bool]:
+def _secret(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
     response = api.request("GET", object_path("", "v1", "secrets", namespace, name))
     if response.status == 404:
-        return None, False
+        return None
     if not response.ok:
         raise ApiError(f"get secret {namespace}/{name}", response)
-    data = response.body.get("data") or {}
-    return {k: base64.b64decode(v) for k, v in data.items()}, True
+    return dict(response.body)
 
 
-def _write_secret(api: Api, namespace: str, name: str, issued: Issued, exists: bool) -> None:
+def _decoded(secret: dict[str, Any] | None) -> dict[str, bytes] | None:
+    if secret is None:
+        return None
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def _owner(api: Api, namespace: str, account: str | None) -> list[dict[str, str]] | None:
+    """The ownerReferences that make ``account`` (a ServiceAccount) own the Secret, so deleting
+    it (``helm uninstall``, ``kubectl delete -k``) deletes the Secret too; None without an
+    account, or while it does not exist yet (a pre-install hook): the next run adds it."""
+    if not account:
+        return None
+    response = api.request("GET", object_path("", "v1", "serviceaccounts", namespace, account))
+    if response.status == 404:
+        return None
+    if not response.ok:
+        raise ApiError(f"get serviceaccount {namespace}/{account}", response)
+    uid = str((response.body.get("metadata") or {}).get("uid") or "")
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "name": account, "uid": uid}] if uid else None
+
+
+def _owned_by(secret: dict[str, Any] | None, owner: list[dict[str, str]] | None) -> bool:
+    """Whether the Secret already carries ``owner`` (or there is none to give it)."""
+    if owner is None or secret is None:
+        return True
+    held = (secret.get("metadata") or {}).get("ownerReferences") or []
+    return any(isinstance(ref, dict) and ref.get("uid") == owner[0]["uid"] for ref in held)
+
+
+def _write_secret(
+    api: Api,
+    namespace: str,
+    name: str,
+    data: dict[str, bytes],
+    exists: bool,
+    owner: list[dict[str, str]] | None = None,
+) -> None:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {
+            "app.kubernetes.io/part-of": "castslice",
+            "app.kubernetes.io/managed-by": "castslice-certgen",
+        },
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = owner
     body = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/part-of": "castslice",
-                "app.kubernetes.io/managed-by": "castslice-certgen",
-            },
-        },
+        "metadata": metadata,
         "type": "kubernetes.io/tls",
-        "data": {
-            "tls.crt": base64.b64encode(issued.cert).decode(),
-            "tls.key": base64.b64encode(issued.key).decode(),
-            "ca.crt": base64.b64encode(issued.ca).decode(),
-        },
+        "data": {key: base64.b64encode(data[key]).decode() for key in ("tls.crt", "tls.key", "ca.crt")},
     }
     if exists:
         response = api.request("PUT", object_path("", "v1", "secrets", namespace, name), body=body)
@@ -239,16 +273,22 @@ def run(args: argparse.Namespace) -> int:
     now = datetime.datetime.now(datetime.UTC)
     try:
         api = kube_client(user_agent="castslice-certgen")
-        data, exists = _secret_data(api, namespace, args.secret)
+        secret = _secret(api, namespace, args.secret)
+        data, exists = _decoded(secret), secret is not None
+        owner = _owner(api, namespace, getattr(args, "owner_service_account", None))
         reason = renewal_reason(data, hosts, now, args.renew_before_days)
         where = f"secret {namespace}/{args.secret}"
         if reason is None:
             assert data is not None
             bundle = data["ca.crt"]
+            if not _owned_by(secret, owner):
+                _write_secret(api, namespace, args.secret, data, True, owner)
+                print(f"{where}: now owned by serviceaccount {args.owner_service_account}", file=out)
             print(f"{where}: kept (valid until {not_after(data['tls.crt'])})", file=out)
         else:
             issued = issue(hosts, now)
-            _write_secret(api, namespace, args.secret, issued, exists)
+            written = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": issued.ca}
+            _write_secret(api, namespace, args.secret, written, exists, owner)
             bundle = ca_bundle(issued.ca, (data or {}).get("ca.crt"))
             verb = "replaced" if exists else "created"
             print(

@@ -5,6 +5,8 @@ On a real apiserver: tests/e2e/test_certgen_e2e.py."""
 from __future__ import annotations
 
 import datetime
+import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from function.admin import certgen
 from function.admin.certgen import (
     CA_DAYS,
     CERT_DAYS,
@@ -21,6 +24,7 @@ from function.admin.certgen import (
     renewal_reason,
     service_names,
 )
+from tests.support.fake_api import FakeApi
 from tests.support.manifests import KNATIVE_DIR, render_overlay
 
 NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
@@ -124,6 +128,7 @@ def test_the_job_runs_certgen_in_the_webhooks_namespace_for_the_secret_the_deplo
     assert container["image"].startswith("ghcr.io/castops/castslice:")
     assert container["command"] + container["args"] == [
         "castslice", "certgen", "--secret", "castslice-serving-tls", "--service", "castslice",
+        "--owner-service-account", "castslice",
     ]  # fmt: skip
     [service] = [o for o in rendered if o["kind"] == "Service"]
     assert service["metadata"]["name"] == "castslice"
@@ -139,6 +144,13 @@ def test_the_certgen_rbac_reaches_only_its_secret_and_the_two_webhook_configurat
     assert role["rules"] == [
         {**secret, "resourceNames": ["castslice-serving-tls"], "verbs": ["get", "update"]},
         {**secret, "verbs": ["create"]},
+        # The webhook's own account, which owns the Secret: deleting the webhook deletes it.
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts"],
+            "resourceNames": ["castslice"],
+            "verbs": ["get"],
+        },
     ]
     names = {
         rule["resources"][0]: rule["resourceNames"]
@@ -162,3 +174,55 @@ def test_the_certgen_rbac_reaches_only_its_secret_and_the_two_webhook_configurat
 def test_the_component_is_listed_where_users_read_about_installing(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
     assert "components/certgen" in text
+
+
+# -- who owns the Secret: the webhook's ServiceAccount, so removing the webhook removes it ----------
+def run_certgen(monkeypatch: pytest.MonkeyPatch, api: Any, *extra: str) -> tuple[int, str]:
+    from function.cli import parser
+
+    monkeypatch.setattr(certgen, "kube_client", lambda **_: api)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    args = parser().parse_args(["certgen", "-n", "ns", *extra])
+    return certgen.run(args), out.getvalue()
+
+
+SECRET_PATH = "/api/v1/namespaces/ns/secrets/castslice-serving-tls"
+ACCOUNT_PATH = "/api/v1/namespaces/ns/serviceaccounts/castslice"
+
+
+def test_the_secret_is_owned_by_the_named_service_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi()
+    api.objects[ACCOUNT_PATH] = {"metadata": {"name": "castslice", "uid": "sa-uid"}}
+    code, _ = run_certgen(monkeypatch, api, "--owner-service-account", "castslice")
+    assert code == 0
+    assert api.objects[SECRET_PATH]["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "name": "castslice", "uid": "sa-uid"}
+    ]
+
+
+def test_an_owner_not_there_yet_is_added_by_the_next_run_which_keeps_the_certificate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pre-install hook runs before the release's ServiceAccount exists; the post-install run
+    (or the next Job) makes it the owner of the certificate it keeps."""
+    api = FakeApi()
+    code, _ = run_certgen(monkeypatch, api, "--owner-service-account", "castslice")
+    assert code == 0 and "ownerReferences" not in api.objects[SECRET_PATH]["metadata"]
+    certificate = api.objects[SECRET_PATH]["data"]["tls.crt"]
+    api.objects[ACCOUNT_PATH] = {"metadata": {"name": "castslice", "uid": "sa-uid"}}
+    code, out = run_certgen(monkeypatch, api, "--owner-service-account", "castslice")
+    assert code == 0
+    assert "secret ns/castslice-serving-tls: now owned by serviceaccount castslice" in out.splitlines()
+    assert api.objects[SECRET_PATH]["data"]["tls.crt"] == certificate
+    assert api.objects[SECRET_PATH]["metadata"]["ownerReferences"][0]["uid"] == "sa-uid"
+    _, out = run_certgen(monkeypatch, api, "--owner-service-account", "castslice")
+    assert "now owned" not in out
+
+
+def test_without_an_owner_the_secret_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi()
+    api.objects[ACCOUNT_PATH] = {"metadata": {"name": "castslice", "uid": "sa-uid"}}
+    assert run_certgen(monkeypatch, api)[0] == 0
+    assert "ownerReferences" not in api.objects[SECRET_PATH]["metadata"]
+    assert not [path for _, path, _, _ in api.requests if "serviceaccounts" in path]

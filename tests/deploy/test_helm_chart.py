@@ -11,6 +11,7 @@ server-side apply of the rendered objects): tests/e2e/test_helm_chart_e2e.py."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +22,7 @@ import yaml
 
 from function.core.config import parse_config
 from tests.support.helm import CHART, HELM, REQUIRED, SKIP_REASON, helm_template
-from tests.support.manifests import KNATIVE_DIR, render, render_overlay
+from tests.support.manifests import KNATIVE_DIR, render, render_overlay, render_overlay_with
 
 pytestmark = pytest.mark.skipif(HELM is None and not REQUIRED, reason=SKIP_REASON)
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
@@ -31,7 +32,7 @@ def normalized(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     """Objects by (kind, name), without what one of the two tools adds for its own bookkeeping:
     Helm's labels and hook annotations, the hash kustomize appends to the ConfigMap's name (Helm
     rolls the Pods with a checksum annotation instead), the configuration's kustomize-only header,
-    and the CRD's part-of label (kustomize labels it; a chart's crds/ are installed as written)."""
+    and the dashboard's JSON read as JSON."""
     found = {}
     for obj in copy.deepcopy(objects):
         metadata = obj["metadata"]
@@ -43,16 +44,16 @@ def normalized(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
             del annotations[key]
         if not annotations:
             metadata.pop("annotations", None)
-        if obj["kind"] == "CustomResourceDefinition":
-            labels.pop("app.kubernetes.io/part-of", None)
         if not labels:
             metadata.pop("labels", None)
-        if obj["kind"] == "ConfigMap":
+        if obj["kind"] == "ConfigMap" and "config.yaml" in obj["data"]:
             metadata["name"] = re.sub(r"-[a-z0-9]{10}$", "", metadata["name"])
             config = yaml.safe_load(obj["data"]["config.yaml"])
             for key in ("apiVersion", "kind", "metadata"):
                 config.pop(key, None)
             obj["data"]["config.yaml"] = config
+        if obj["kind"] == "ConfigMap" and "castslice.json" in obj["data"]:  # the dashboard
+            obj["data"]["castslice.json"] = json.loads(obj["data"]["castslice.json"])
         if obj["kind"] == "Deployment":
             template = obj["spec"]["template"]
             template["metadata"].get("annotations", {}).pop("checksum/config", None)
@@ -79,33 +80,116 @@ def test_the_chart_renders_what_the_deployment_overlay_renders() -> None:
     assert_same(chart, normalized(render(KNATIVE_DIR / "overlays" / "deployment")))
 
 
-def test_with_certgen_the_chart_renders_what_the_overlay_with_the_certgen_component_renders(
-    tmp_path: Path,
-) -> None:
-    chart = normalized(
-        helm_template("namespace.create=true", "certManager.enabled=false", "certgen.enabled=true")
-    )
-    kustomize = normalized(render_overlay(tmp_path, KNATIVE_DIR / "overlays" / "deployment", ("certgen",)))
-    # The component's Job runs once per apply; the chart runs the same command as two hooks, before
-    # (the Secret for the Deployment) and after (the configurations to patch) an install or upgrade.
-    job = kustomize.pop(("Job", "castslice-certgen"))
-    for when in ("pre", "post"):
-        hook = chart.pop(("Job", f"castslice-certgen-{when}"))
-        assert hook["spec"]["template"]["spec"]["containers"] == job["spec"]["template"]["spec"]["containers"]
-        assert hook["spec"]["template"]["spec"]["serviceAccountName"] == "castslice-certgen"
-    # kustomize keeps cert-manager's annotation (the settings component fills it in; it names no
-    # Certificate any more); the chart writes it only with cert-manager.
+def without_certgen_job_and_annotation(
+    objects: dict[tuple[str, str], dict[str, Any]], job: str
+) -> dict[str, Any]:
+    """The certgen Job (named ``job``), taken out; and cert-manager's annotation, which kustomize
+    keeps (the settings component fills it in; it names no Certificate any more) and the chart
+    writes only with cert-manager."""
+    taken = objects.pop(("Job", job))
     for kind, name in (
         ("MutatingWebhookConfiguration", "castslice"),
         ("ValidatingWebhookConfiguration", "castslice-podmutations"),
     ):
-        kustomize[(kind, name)]["metadata"].pop("annotations")
+        objects[(kind, name)]["metadata"].pop("annotations", None)
+    return taken
+
+
+def test_with_certgen_the_chart_renders_what_the_overlay_with_the_certgen_component_renders(
+    tmp_path: Path,
+) -> None:
+    """The Job and its RBAC as objects of the release (they run where hooks cannot): the Job is
+    the component's, named for the release's revision (a Job's template cannot change on upgrade)."""
+    chart = normalized(
+        helm_template("namespace.create=true", "certManager.enabled=false", "certgen.enabled=true")
+    )
+    kustomize = normalized(render_overlay(tmp_path, KNATIVE_DIR / "overlays" / "deployment", ("certgen",)))
+    job = without_certgen_job_and_annotation(kustomize, "castslice-certgen")
+    ours = without_certgen_job_and_annotation(chart, "castslice-certgen-1")
+    assert ours["spec"] == job["spec"] and ours["metadata"]["labels"] == job["metadata"]["labels"]
     assert_same(chart, kustomize)
 
 
-def test_the_crd_the_chart_installs_is_the_components_byte_for_byte() -> None:
-    shipped = KNATIVE_DIR / "components" / "pod-mutations" / "podmutation-crd.yaml"
-    assert (CHART / "crds" / "podmutation-crd.yaml").read_text() == shipped.read_text()
+def test_with_certgen_hooks_the_chart_runs_the_same_command_before_and_after_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    objects = helm_template(
+        "namespace.create=true", "certManager.enabled=false", "certgen.enabled=true", "certgen.hooks=true"
+    )
+    hooks = [o for o in objects if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in hooks) == [
+        ("ClusterRole", "castslice-certgen"),
+        ("ClusterRoleBinding", "castslice-certgen"),
+        ("Job", "castslice-certgen-post"),
+        ("Job", "castslice-certgen-pre"),
+        ("Role", "castslice-certgen"),
+        ("RoleBinding", "castslice-certgen"),
+        ("ServiceAccount", "castslice-certgen"),
+    ]
+    for hook in hooks:
+        # Deleted once they succeeded: nothing of certgen stays in the cluster after an install.
+        assert "hook-succeeded" in hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    rbac = [o for o in hooks if o["kind"] != "Job"]
+    assert all(
+        o["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade,post-install,post-upgrade"
+        for o in rbac
+    )
+    chart = normalized(objects)
+    kustomize = normalized(render_overlay(tmp_path, KNATIVE_DIR / "overlays" / "deployment", ("certgen",)))
+    job = without_certgen_job_and_annotation(kustomize, "castslice-certgen")
+    for when in ("pre", "post"):
+        hook = without_certgen_job_and_annotation(chart, f"castslice-certgen-{when}")
+        assert hook["spec"]["template"] == job["spec"]["template"]
+    assert_same(chart, kustomize)
+
+
+def test_every_component_file_the_chart_reads_is_the_components_byte_for_byte() -> None:
+    """charts/castslice/files/<component>/<file> are copies of knative/components/: one set of
+    objects, two ways to install them (edit the component, then copy it here)."""
+    copies = sorted(path for path in (CHART / "files").rglob("*") if path.is_file())
+    assert copies
+    for path in copies:
+        relative = path.relative_to(CHART / "files")
+        shipped = KNATIVE_DIR / "components" / relative
+        assert path.read_bytes() == shipped.read_bytes(), f"{relative}: differs from {shipped}"
+
+
+SHIPPED_CONFIG_PATCHES: dict[str, dict[str, Any]] = {
+    "gpu-leases": {"gpuLeases": {"enabled": True}},
+    "dra": {"gpuSlicing": {"backend": "dra"}},
+}
+"""What a user adding the component writes in their configuration (base/config.yaml)."""
+
+
+@pytest.mark.parametrize(
+    ("settings", "components"),
+    [
+        (("gpuLeases.enabled=true", "controller.enabled=true"), ("gpu-leases", "controller")),
+        (("monitoring.enabled=true",), ("monitoring",)),
+        (
+            ("config.gpuSlicing.backend=dra", "controller.enabled=true"),
+            ("dra", "controller", "dra-controller"),
+        ),
+        (
+            ("gpuLeases.enabled=true", "controller.enabled=true", "monitoring.enabled=true"),
+            ("gpu-leases", "controller", "monitoring"),
+        ),
+    ],
+    ids=["leases", "monitoring", "dra", "leases-and-monitoring"],
+)
+def test_the_charts_values_render_what_the_overlay_with_the_components_renders(
+    tmp_path: Path, settings: tuple[str, ...], components: tuple[str, ...]
+) -> None:
+    chart = normalized(helm_template("namespace.create=true", *settings))
+    rendered = render_overlay_with(tmp_path, KNATIVE_DIR / "overlays" / "deployment", components)
+    if "dra" in components:  # docs/dra.md: the dra backend watches no Nodes
+        rendered = [o for o in rendered if o["metadata"]["name"] != "castslice-cluster-view-nodes"]
+    kustomize = normalized(rendered)
+    config = kustomize[("ConfigMap", "castslice-config")]["data"]["config.yaml"]
+    for component in components:
+        for section, values in SHIPPED_CONFIG_PATCHES.get(component, {}).items():
+            config[section] = {**config.get(section, {}), **values}
+    assert_same(chart, kustomize)
 
 
 def config_of(objects: list[dict[str, Any]]) -> dict[str, Any]:

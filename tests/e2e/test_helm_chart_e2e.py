@@ -28,7 +28,7 @@ def api(control_plane: Any) -> Iterator[Any]:
     yield api
     # The chart's CRDs were created for real: gone again, so that the modules after this one
     # install the project's own as they expect.
-    for obj in helm_template("namespace.create=true"):
+    for obj in helm_template("namespace.create=true", "gpuLeases.enabled=true"):
         if obj["kind"] == "CustomResourceDefinition":
             delete_crd(api, obj["metadata"]["name"])
 
@@ -61,8 +61,11 @@ def server_side_apply(api: Any, objects: list[dict[str, Any]]) -> list[str]:
     [
         ("namespace.create=true",),
         ("namespace.create=true", "certManager.enabled=false", "certgen.enabled=true"),
+        ("namespace.create=true", "certManager.enabled=false", "certgen.enabled=true", "certgen.hooks=true"),
+        ("namespace.create=true", "gpuLeases.enabled=true", "controller.enabled=true"),
+        ("namespace.create=true", "config.gpuSlicing.backend=dra", "controller.enabled=true"),
     ],
-    ids=["cert-manager", "certgen"],
+    ids=["cert-manager", "certgen", "certgen-hooks", "leases", "dra"],
 )
 def test_the_charts_objects_pass_a_server_side_apply(api: Any, settings: tuple[str, ...]) -> None:
     objects = helm_template(*settings)

@@ -344,3 +344,26 @@ def render_overlay(directory: Path, overlay: Path, components: tuple[str, ...]) 
         )
     )
     return render(directory)
+
+
+def render_overlay_with(directory: Path, overlay: Path, components: tuple[str, ...]) -> list[Obj]:
+    """``overlay`` with ``components`` (names under knative/components) added to its own list,
+    before components/settings, as its comments say to (unlike ``render_overlay``, the overlay's
+    patches then reach what the components add: a validating webhook calling the Service). The
+    overlay's files are copied beside the new kustomization (kustomize reads files below it only)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in overlay.iterdir():
+        if path.is_file():
+            shutil.copy(path, directory / path.name)
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    for key in ("resources", "components"):
+        kustomization[key] = [
+            os.path.relpath(overlay / entry, directory) if (overlay / entry).is_dir() else entry
+            for entry in kustomization.get(key, [])
+        ]
+    settings = os.path.relpath(KNATIVE_DIR / "components" / "settings", directory)
+    added = [os.path.relpath(KNATIVE_DIR / "components" / name, directory) for name in components]
+    at = kustomization["components"].index(settings)
+    kustomization["components"][at:at] = added
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return render(directory)

@@ -50,6 +50,68 @@ chart values as its vgpu section, and the release namespace as the first exclude
 {{- $_ := set $vgpu "devices" (prepend (rest (default (list dict) $vgpu.devices)) $device) -}}
 {{- $_ := set $config "vgpu" $vgpu -}}
 {{- end -}}
+{{- if .Values.gpuLeases.enabled -}}
+{{- $_ := set $config "gpuLeases" (mustMergeOverwrite (default dict $config.gpuLeases) (dict "enabled" true)) -}}
+{{- end -}}
 {{- $_ := set $config "excludedNamespaces" (prepend (rest $config.excludedNamespaces) .Release.Namespace) -}}
 {{- toYaml $config -}}
+{{- end }}
+
+{{/*
+One file of a kustomize component (files/<component>/<file>: a copy of knative/components/,
+byte for byte, which tests/deploy/test_helm_chart.py holds equal), rendered as components/settings
+and the deployment overlay render it: the labels, the release namespace on namespaced objects and
+on ServiceAccount subjects, the image, the release namespace where settings writes it (the
+controller's identity in the lease policies, the Service name the monitoring checks), validating
+webhooks calling the Service, and cert-manager's CA annotation only with cert-manager.
+Called as (list $ "files/<component>/<file>").
+*/}}
+{{- define "castslice.component" -}}
+{{- $root := index . 0 -}}
+{{- $namespace := $root.Release.Namespace -}}
+{{- $namespaced := list "ServiceAccount" "Role" "RoleBinding" "Deployment" "ConfigMap" "Service" "Job" "PodMonitor" "PrometheusRule" -}}
+{{- $labels := include "castslice.labels" $root | fromYaml -}}
+{{- $text := $root.Files.Get (index . 1) | replace "set-by-components-settings" $namespace -}}
+{{- range $document := regexSplit "(?m)^---[ \t]*$" $text -1 }}
+{{- $obj := fromYaml $document }}
+{{- if $obj.kind }}
+{{- $metadata := $obj.metadata }}
+{{- $_ := set $metadata "labels" (mustMerge (default dict $metadata.labels) $labels) }}
+{{- if has $obj.kind $namespaced }}
+{{- $_ := set $metadata "namespace" $namespace }}
+{{- end }}
+{{- range $subject := default list $obj.subjects }}
+{{- if eq $subject.kind "ServiceAccount" }}
+{{- $_ := set $subject "namespace" $namespace }}
+{{- end }}
+{{- end }}
+{{- if eq $obj.kind "Deployment" }}
+{{- range $container := $obj.spec.template.spec.containers }}
+{{- $_ := set $container "image" (include "castslice.image" $root) }}
+{{- if ne $root.Values.image.pullPolicy "IfNotPresent" }}
+{{- $_ := set $container "imagePullPolicy" $root.Values.image.pullPolicy }}
+{{- end }}
+{{- end }}
+{{- $annotations := default dict $obj.spec.template.metadata.annotations }}
+{{- $_ := set $annotations "checksum/config" (include "castslice.config" $root | sha256sum) }}
+{{- $_ := set $obj.spec.template.metadata "annotations" $annotations }}
+{{- end }}
+{{- if eq $obj.kind "ValidatingWebhookConfiguration" }}
+{{- range $hook := $obj.webhooks }}
+{{- $path := regexReplaceAll "^https://[^/]*" $hook.clientConfig.url "" }}
+{{- $_ := set $hook "clientConfig" (dict "service" (dict "name" "castslice" "namespace" $namespace "path" $path "port" 443)) }}
+{{- end }}
+{{- if $root.Values.certManager.enabled }}
+{{- $_ := set $metadata "annotations" (dict "cert-manager.io/inject-ca-from" (printf "%s/castslice-serving-cert" $namespace)) }}
+{{- else }}
+{{- $_ := unset $metadata "annotations" }}
+{{- end }}
+{{- end }}
+{{- if and (eq $obj.kind "CustomResourceDefinition") $root.Values.crds.keep }}
+{{- $_ := set $metadata "annotations" (mustMerge (default dict $metadata.annotations) (dict "helm.sh/resource-policy" "keep")) }}
+{{- end }}
+---
+{{ toYaml $obj }}
+{{- end }}
+{{- end }}
 {{- end }}
