@@ -31,12 +31,14 @@ from function.contract import (
     AUDIT_VIEWS,
     CERT_RENEW_BEFORE_DAYS,
     CONTROL_LEASE_NAME,
+    CONTROL_PORT,
     DEFAULT_AUDIT_DB,
     DEFAULT_PORT,
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     FUNCTION_NAMESPACE,
     LEASE_SECONDS,
+    LOCAL_HOST,
     MUTATING_CONFIGURATIONS,
     OUTCOMES,
     RENEW_DEADLINE_SECONDS,
@@ -82,8 +84,9 @@ def _serve(sub: Programs) -> None:
     program = sub.add_parser("serve", help="serve the function (functions-framework, ASGI)")
     program.add_argument(
         "--host",
-        default=os.environ.get("HOST", "0.0.0.0"),
-        help="address to listen on (default: $HOST, else 0.0.0.0)",
+        default=os.environ.get("HOST", LOCAL_HOST),
+        help=f"address to listen on: 0.0.0.0 for every interface (default: $HOST, else {LOCAL_HOST}, "
+        "loopback only)",
     )
     program.add_argument(
         "--port",
@@ -139,9 +142,10 @@ def _mutate(sub: Programs) -> None:
     )
     program.add_argument(
         "--mutations",
-        metavar="DIR",
-        help="PodMutation documents (a file or a directory) to apply (default: none; "
-        "PodMutations in the input count too)",
+        metavar="PATH",
+        action="append",
+        help="PodMutation documents (a file or a directory) to apply; repeat it for more, as -f "
+        "(default: none; PodMutations in the input count too)",
     )
     program.set_defaults(run=run_of("function.offline.mutate"))
 
@@ -178,8 +182,10 @@ def _explain(sub: Programs) -> None:
     )
     program.add_argument(
         "--mutations",
-        metavar="DIR",
-        help="PodMutation documents, a file or a directory (default: those in -f only)",
+        metavar="PATH",
+        action="append",
+        help="PodMutation documents, a file or a directory; repeat it for more, as -f "
+        "(default: those in -f only)",
     )
     program.add_argument("-n", "--namespace", default="default", help=NAMESPACE_HELP)
     program.add_argument(
@@ -294,10 +300,17 @@ def _control(sub: Programs) -> None:
     )
     program.add_argument("--config", help=CONFIG_HELP)
     program.add_argument(
-        "--host", default="0.0.0.0", help="address of /healthz, /readyz, /metrics (default: 0.0.0.0)"
+        "--host",
+        default=LOCAL_HOST,
+        help=f"address of /healthz, /readyz, /metrics: 0.0.0.0 for every interface (default: {LOCAL_HOST}, "
+        "loopback only)",
     )
     program.add_argument(
-        "--port", type=int, default=8080, help="port of /healthz, /readyz, /metrics (default: 8080)"
+        "--port",
+        type=int,
+        default=CONTROL_PORT,
+        help=f"port of /healthz, /readyz, /metrics (default: {CONTROL_PORT}, beside castslice serve's "
+        f"{DEFAULT_PORT})",
     )
     program.add_argument(
         "--lease-name",

@@ -21,6 +21,13 @@ READYZ_PATH: Final = "/readyz"
 METRICS_PATH: Final = "/metrics"
 DEFAULT_PORT: Final = 8080
 """Knative's default container port; the Procfile and manifests pass it as $PORT."""
+LOCAL_HOST: Final = "127.0.0.1"
+"""Where ``castslice serve`` and ``castslice control`` listen unless told otherwise: loopback, so a
+laptop's plain-HTTP webhook is not offered on every interface. The image sets ``HOST=0.0.0.0``
+(a container's own network), and every manifest passes ``--host 0.0.0.0`` itself."""
+CONTROL_PORT: Final = 8081
+"""``castslice control``'s /healthz, /readyz and /metrics, unless told otherwise: not
+``castslice serve``'s 8080, so the two run side by side on one machine."""
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 """Larger bodies get 413: the apiserver's own request limit is 3 MiB, so 7 MiB is never legit."""
 LARGE_REVIEWS_ENV: Final = "CASTSLICE_LARGE_REVIEWS"

@@ -81,7 +81,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_procfile_serves_the_function_on_port() -> None:
-    assert (ROOT / "Procfile").read_text().strip() == "web: castslice serve --port $PORT"
+    assert (ROOT / "Procfile").read_text().strip() == "web: castslice serve --host 0.0.0.0 --port $PORT"
 
 
 def test_how_to_get_the_end_to_end_binaries_is_next_to_the_test_command() -> None:

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from function.contract import CONTROL_LEASE_NAME, HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from function.contract import (
+    CONTROL_LEASE_NAME,
+    CONTROL_PORT,
+    HEALTHZ_PATH,
+    LOCAL_HOST,
+    METRICS_PATH,
+    READYZ_PATH,
+)
 from function.control.reconciler import Emit, Reconciler
 from function.control.runner import Runner
 from function.core.config import Config
@@ -53,8 +60,8 @@ class ControlSettings:
     lease_seconds: float = LEASE_SECONDS
     renew_deadline: float = RENEW_DEADLINE
     retry_seconds: float = RETRY_SECONDS
-    host: str = "0.0.0.0"
-    port: int = 8080
+    host: str = LOCAL_HOST
+    port: int = CONTROL_PORT
 
 
 def own_namespace(environ: Mapping[str, str]) -> str:

@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     slicing = _slicing_teller(config, cluster)
     loaded = load([*documents, *extra])
+    # As castslice mutate reports them: on stderr, the Pods explained as if they were not there
+    # (the webhook ignores an invalid PodMutation; `castslice mutations validate` fails on one).
     for bad in loaded.invalid:
-        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}")
+        print(f"podmutation/{bad.name}: invalid, ignored: {'; '.join(bad.problems)}", file=sys.stderr)
     resources = gpu_resources(config)
     for index, doc in enumerate(documents):
         if not isinstance(doc, dict) or is_mutation_document(doc):

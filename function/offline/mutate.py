@@ -113,13 +113,13 @@ def _with_podmutations(
     return config, WithMutations(cluster, mutations) if cluster.available else mutations
 
 
-def _mutation_documents(path: str | None) -> list[Any]:
-    """The documents of ``--mutations`` (none without it)."""
-    if not path:
+def _mutation_documents(paths: list[str] | None) -> list[Any]:
+    """The documents of every ``--mutations`` (none without it)."""
+    if not paths:
         return []
     from function.offline.mutations import documents_from
 
-    return documents_from(path)
+    return documents_from(paths)
 
 
 def _write_patches(results: list[ObjectResult]) -> None:

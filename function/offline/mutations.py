@@ -15,11 +15,10 @@ from function.core.podmutation.names import is_mutation_document
 from function.offline.podmutations import documents_in
 
 
-def documents_from(directory: str | None) -> list[Any]:
-    """The documents of ``--mutations`` (a file or a directory); none without it."""
-    if not directory:
-        return []
-    return [doc for _, doc in documents_in(Path(directory))]
+def documents_from(paths: list[str] | None) -> list[Any]:
+    """The documents of every ``--mutations`` (files or directories, in the order given; none
+    without it): repeated, the option adds, as ``-f`` does."""
+    return [doc for path in paths or () for _, doc in documents_in(Path(path))]
 
 
 def validate(args: argparse.Namespace) -> int:

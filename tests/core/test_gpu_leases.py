@@ -174,6 +174,16 @@ def test_before_and_after_the_window() -> None:
     assert "ended at 2026-11-25T02:00:00Z" in result.reason
 
 
+def test_an_expired_lease_does_not_shadow_one_still_to_come_in_the_denial() -> None:
+    """The expired lease was created first (it would win the tie); the denial must name the one
+    whose window starts later, which says when the Pod can be created."""
+    past = lease_obj("last-week", duration="2h", created="2026-11-24T00:00:00Z")
+    future = lease_obj("tomorrow", window={"start": "2026-11-26T00:00:00Z", "end": "2026-11-27T00:00:00Z"})
+    result = decide(pod(1), view([past, future]))
+    assert result.action == Action.denied
+    assert "LeaseNotStarted" in result.reason and "gpu lease tomorrow" in result.reason
+
+
 def test_queue_mode_gates_every_pod_even_one_that_fits() -> None:
     p = pod(1)
     result = decide(p, view([lease_obj(enforcement="Queue")]))

@@ -78,7 +78,7 @@ PODMUTATION_COMPONENTS = (
 
 WEBHOOK_NAME = "castslice"  # the MutatingWebhookConfiguration, Knative Service and Deployment
 AUDIT_NAME = "castslice-audit"
-PROCFILE_WEB = "web: castslice serve --port $PORT"
+PROCFILE_WEB = "web: castslice serve --host 0.0.0.0 --port $PORT"
 START = ["castslice", "serve"]
 TLS_FLAGS = ("--tls-cert", "--tls-key")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -628,7 +628,7 @@ def test_start_command_matches_the_procfile(rendered):
     assert web == PROCFILE_WEB
     procfile_argv = shlex.split(web.split(":", 1)[1])
     assert procfile_argv[:2] == START
-    assert procfile_argv[2:] == ["--port", "$PORT"]
+    assert procfile_argv[2:] == ["--host", "0.0.0.0", "--port", "$PORT"]
     for owner, spec in pod_specs(rendered):
         if owner["metadata"]["name"] != WEBHOOK_NAME:
             continue
@@ -640,10 +640,13 @@ def test_start_command_matches_the_procfile(rendered):
         assert len(flags) == len(argv[2::2]), "no flag twice"
         ports = [p["containerPort"] for p in container["ports"]]
         assert [int(flags["--port"])] == ports
+        # Every interface of the Pod, said where it runs (castslice serve listens on loopback
+        # unless told otherwise).
+        assert flags["--host"] == "0.0.0.0"
         if owner["kind"] == "Deployment":
-            assert set(flags) == {"--port", *TLS_FLAGS}, "differs only by port and TLS flags"
+            assert set(flags) == {"--host", "--port", *TLS_FLAGS}, "differs only by port and TLS flags"
         else:
-            assert set(flags) == {"--port"} and ports == [contract.DEFAULT_PORT]
+            assert set(flags) == {"--host", "--port"} and ports == [contract.DEFAULT_PORT]
 
 
 def test_deployment_runs_the_knative_service_settings():

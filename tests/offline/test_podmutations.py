@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from function.core.podmutation.compiled import CompiledMutation, InvalidMutation
 from function.core.podmutation.match import Workload
 from function.offline.podmutations import (
@@ -20,6 +22,7 @@ from function.offline.podmutations import (
     is_mutation_document,
     load,
 )
+from tests.support.cli import run
 
 
 def pm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -162,3 +165,58 @@ def test_explain_reports_the_winners_changes_patch_and_warnings_without_touching
     )
     assert len(explanation.warnings) == 1 and explanation.warnings[0].startswith("patches not applied: ")
     assert target == a_pod({"old": "1"})
+
+
+# -- --mutations as -f: repeated, it adds; an invalid one reported alike by mutate and explain -----
+POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  containers: [{name: c, image: nginx}]
+"""
+
+
+def mutation(name: str, spec: str) -> str:
+    return f"apiVersion: castops.io/v1alpha1\nkind: PodMutation\nmetadata: {{name: {name}}}\nspec: {spec}\n"
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    paths = {
+        "pod": POD,
+        "labels": mutation("labels", "{labels: {team: ml}}"),
+        "tolerations": mutation("tolerations", "{tolerations: [{key: gpu, operator: Exists}]}"),
+        "broken": mutation("broken", "{nodeselector: {a: b}}"),
+    }
+    for name, text in paths.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return {name: str(tmp_path / f"{name}.yaml") for name in paths}
+
+
+@pytest.mark.parametrize("command", ["mutate", "explain"])
+def test_repeated_mutations_add_up_as_repeated_f_does(
+    monkeypatch: pytest.MonkeyPatch, files: dict[str, str], command: str
+) -> None:
+    code, out, err = run(
+        monkeypatch,
+        command,
+        "-f",
+        files["pod"],
+        "--mutations",
+        files["labels"],
+        "--mutations",
+        files["tolerations"],
+    )
+    assert code == 0, err
+    report = out if command == "explain" else err
+    assert "labels" in report and "tolerations" in report
+
+
+@pytest.mark.parametrize("command", ["mutate", "explain"])
+def test_an_invalid_mutation_is_reported_on_stderr_and_ignored_alike(
+    monkeypatch: pytest.MonkeyPatch, files: dict[str, str], command: str
+) -> None:
+    code, out, err = run(monkeypatch, command, "-f", files["pod"], "--mutations", files["broken"])
+    line = "podmutation/broken: invalid, ignored: spec.nodeselector: unknown field"
+    assert (code, line in err.splitlines(), line in out) == (0, True, False)

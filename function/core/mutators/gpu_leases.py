@@ -236,10 +236,16 @@ class Verdict:
     budget: BudgetNow | None = None
 
 
+_PHASE_RANK = {Phase.Active: 0, Phase.Pending: 1, Phase.Closed: 1, Phase.Exhausted: 1}
+"""The lease a Pod is judged against when none fits now: an active one, else one that will admit
+again (still to come, its window closed until the next occurrence, its budget spent until the next
+period: its denial says when), and only then one that never will (over, released, invalid)."""
+
+
 def _order(lease: Lease, now: datetime, zones: Mapping[str, ZoneTable]) -> tuple[int, int, str, str]:
-    active = 0 if lease.phase(now, zones) == Phase.Active else 1
+    rank = _PHASE_RANK.get(lease.phase(now, zones), 2)
     created = lease.created.isoformat() if lease.created else ""
-    return (active, -lease.priority, created, lease.name)
+    return (rank, -lease.priority, created, lease.name)
 
 
 def _names(leases: Iterable[Lease]) -> str:
