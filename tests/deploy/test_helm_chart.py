@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from function.core.config import parse_config
+from function.config_file import load_config_file
+from function.core.config import parse_config, watches_for
+from function.core.view import rbac_rules
+from tests.deploy.support import granted_rules
 from tests.support.helm import CHART, HELM, REQUIRED, SKIP_REASON, helm_template
 from tests.support.manifests import KNATIVE_DIR, render, render_overlay, render_overlay_with
 
@@ -154,9 +157,12 @@ def test_every_component_file_the_chart_reads_is_the_components_byte_for_byte() 
         assert path.read_bytes() == shipped.read_bytes(), f"{relative}: differs from {shipped}"
 
 
+NAMESPACE_SELECTOR_TERM = {"namespaceSelector": {"matchLabels": {"tier": "critical"}}}
 SHIPPED_CONFIG_PATCHES: dict[str, dict[str, Any]] = {
     "gpu-leases": {"gpuLeases": {"enabled": True}},
     "dra": {"gpuSlicing": {"backend": "dra"}},
+    "pod-mutations-castai": {"podMutations": {"castaiObjects": True}},
+    "cluster-view-namespaces": {"spot": {"enabled": True, "forcePodsToOnDemand": [NAMESPACE_SELECTOR_TERM]}},
 }
 """What a user adding the component writes in their configuration (base/config.yaml)."""
 
@@ -174,8 +180,16 @@ SHIPPED_CONFIG_PATCHES: dict[str, dict[str, Any]] = {
             ("gpuLeases.enabled=true", "controller.enabled=true", "monitoring.enabled=true"),
             ("gpu-leases", "controller", "monitoring"),
         ),
+        (("config.podMutations.castaiObjects=true",), ("pod-mutations-castai",)),
+        (
+            (
+                "config.spot.enabled=true",
+                "config.spot.forcePodsToOnDemand[0].namespaceSelector.matchLabels.tier=critical",
+            ),
+            ("cluster-view-namespaces",),
+        ),
     ],
-    ids=["leases", "monitoring", "dra", "leases-and-monitoring"],
+    ids=["leases", "monitoring", "dra", "leases-and-monitoring", "castai-objects", "namespace-selector"],
 )
 def test_the_charts_values_render_what_the_overlay_with_the_components_renders(
     tmp_path: Path, settings: tuple[str, ...], components: tuple[str, ...]
@@ -196,6 +210,42 @@ def config_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
     [configmap] = [o for o in objects if o["kind"] == "ConfigMap"]
     data: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
     return data
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        (),
+        ("config.podMutations.castaiObjects=true",),
+        ("gpuLeases.enabled=true",),
+        ("config.gpuSlicing.backend=dra",),
+        ("config.gpuSlicing.requireAdvertisedTarget=false",),
+        ("config.spot.enabled=true", "config.spot.ignorePods[0].namespaceSelector.matchLabels.tier=batch"),
+        ("staticConfig.forcePodsToOnDemand[0].namespaceSelector.matchLabels.tier=critical",),
+        ("config.spot.enabled=false", "config.spot.forcePodsToSpot[0].namespaceSelector.matchLabels.tier=x"),
+    ],
+    ids=[
+        "defaults",
+        "castai-objects",
+        "leases",
+        "dra",
+        "no-node-check",
+        "spot-namespace-selector",
+        "cast-ai-static-config-namespace-selector",
+        "spot-off",
+    ],
+)
+def test_the_webhooks_rbac_is_what_the_charts_configuration_watches(
+    settings: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Whatever values a user sets, the webhook is granted list and watch on exactly what its
+    configuration makes it watch (function.core.view.rbac_rules of the enabled mutators'
+    WatchSpecs), as the overlays are held to it: a view missing a grant never syncs, and the
+    webhook would answer without it."""
+    objects = helm_template("namespace.create=true", *settings)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_of(objects)), encoding="utf-8")
+    assert granted_rules(objects) == rbac_rules(watches_for(load_config_file(path)))
 
 
 def test_cast_ais_static_config_becomes_the_spot_section_and_enables_it() -> None:
