@@ -154,7 +154,10 @@ def test_every_component_file_the_chart_reads_is_the_components_byte_for_byte() 
     for path in copies:
         relative = path.relative_to(CHART / "files")
         shipped = KNATIVE_DIR / "components" / relative
-        assert path.read_bytes() == shipped.read_bytes(), f"{relative}: differs from {shipped}"
+        assert path.read_bytes() == shipped.read_bytes(), (
+            f"{relative} differs from the component's: "
+            f"cp knative/components/{relative} charts/castslice/files/{relative}"
+        )
 
 
 NAMESPACE_SELECTOR_TERM = {"namespaceSelector": {"matchLabels": {"tier": "critical"}}}
