@@ -3,11 +3,11 @@
 One process = the cluster view's watches (always, so a standby has a warm view), a leader elector
 on a ``coordination.k8s.io/v1`` Lease, the runner that starts the reconcilers' workers while this
 process leads, and a small HTTP server: ``/healthz`` (the elector loop is alive), ``/readyz`` (the
-watches have listed once: a standby is ready too, so a rolling update proceeds) and ``/metrics``
-(``castslice_control_*``, the view's ``castslice_view_*``, and the audit stream's
-``castslice_audit_*`` of its one recorder, which every reconciler's events go through). SIGTERM
-stops leading, releases the Lease, drains the events and exits, so the other replica takes over
-within its retry period.
+watches have listed once: a standby is ready too, so a rolling update proceeds; objects the view
+could not read are named in its answer) and ``/metrics`` (``castslice_control_*``, the view's
+``castslice_view_*``, and the audit stream's ``castslice_audit_*`` of its one recorder, which every
+reconciler's events go through). SIGTERM stops leading, releases the Lease, drains the events and
+exits, so the other replica takes over within its retry period.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from function.contract import (
     METRICS_PATH,
     READYZ_PATH,
 )
+from function.control.fence import Fence, term_user_agent
 from function.control.reconciler import Emit, Reconciler
 from function.control.runner import Runner
 from function.core.config import Config
@@ -101,9 +102,12 @@ class Controller:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         registry: CollectorRegistry | None = None,
         audit: AuditRecorder | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """``registry``: the process's metrics (the audit recorder's among them), served on
-        /metrics; ``audit``: the recorder the reconcilers' events go through, drained at stop."""
+        /metrics; ``audit``: the recorder the reconcilers' events go through, drained at stop;
+        ``fence``: the Api the reconcilers were built with (its writes bound to the term of the
+        worker that makes them)."""
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
         self.audit = audit
@@ -118,6 +122,7 @@ class Controller:
             self.registry,
             lambda indices, timeout: self.watcher.wait_synced(timeout, indices),
             now=now,
+            fence=fence,
         )
         self.elector = LeaderElector(
             LeaseLock(api, settings.lease_namespace, settings.lease_name),
@@ -146,6 +151,16 @@ class Controller:
 
     def ready(self) -> bool:
         return self.watcher.synced()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready or not, and what the answer says: objects the view could not read and left out
+        are named (still ready: one object does not stop the rest)."""
+        ok = self.ready()
+        lines = ["ok" if ok else "cluster view not synced"]
+        for index, objects in sorted(self.watcher.unreadable().items()):
+            for name, why in sorted(objects.items()):
+                lines.append(f"unreadable, left out of the view: {index} {name}: {why}")
+        return ok, "\n".join(lines) + "\n"
 
     def metrics_text(self) -> bytes:
         return generate_latest(self.registry)
@@ -192,8 +207,8 @@ def _handler(controller: Controller) -> type[BaseHTTPRequestHandler]:
                 ok = controller.healthy()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"elector not running\n")
             elif path == READYZ_PATH:
-                ok = controller.ready()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"cluster view not synced\n")
+                ok, detail = controller.readiness()
+                self._reply(200 if ok else 503, detail.encode())
             else:
                 self._reply(404, b"not found\n")
 
@@ -213,14 +228,19 @@ def _handler(controller: Controller) -> type[BaseHTTPRequestHandler]:
 def run_control(config: Config, settings: ControlSettings, environ: Mapping[str, str] | None = None) -> int:
     """Run until SIGTERM or SIGINT; then hand the Lease over and return 0."""
     from function.audit.recorder import build_recorder
-    from function.kube.client import kube_client
+    from function.kube.client import KubeClient, kube_client
 
     environ = os.environ if environ is None else environ
-    client = kube_client(environ, user_agent="castslice-control")  # its writes and its watches
+    client = kube_client(environ, user_agent=f"castslice-control/{settings.identity}")
     registry = CollectorRegistry()
     audit = build_recorder(config, environ, registry)  # one per process, counted on /metrics
-    reconcilers = build_reconcilers(config, client, audit.emit)
-    controller = Controller(reconcilers, client, client, settings, registry=registry, audit=audit)
+    # The reconcilers write through the fence: each write in the term it was started in, with a
+    # client whose User-Agent names the term (the apiserver's audit log then says who wrote what).
+    fence = Fence(client, lambda term: KubeClient(client.configuration, term_user_agent(term)))
+    reconcilers = build_reconcilers(config, fence, audit.emit)
+    controller = Controller(
+        reconcilers, client, client, settings, registry=registry, audit=audit, fence=fence
+    )
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

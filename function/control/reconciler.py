@@ -29,7 +29,14 @@ and its reconciler has four members (``Reconciler`` below):
   counted (``castslice_control_reconcile_errors_total``) and retried with backoff.
 
 Optional: ``register(registry)``, to put the reconciler's own metrics on the process's
-``/metrics`` (called once, when the runner is built).
+``/metrics`` (called once, when the runner is built); ``forget_term()``, to drop whatever the
+reconciler remembered during a term of leadership (called when the term ends: the next term, here
+or in another process, starts from the objects, and a former leader exports no figure of its term).
+
+Errors: an exception is retried with backoff, except a terminal one (``Terminal``, or an
+``ApiError`` whose status a retry gets again: 400, 403, 405, 422, ...), which is logged and counted
+and runs again only when what the reconciler reads changes, or at the resync. Writes go through the
+``Api`` the reconciler was built with, which refuses (``TermEnded``) a write whose term has ended.
 
 Only the leader reconciles; every replica keeps its watches running, so a new leader starts with
 a warm view and does one full pass (``keys``) before anything else. No reconciler works before
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
     from function.audit.events import Event
     from function.core.config import Config
     from function.kube.client import Api
+    from function.kube.elector import Term
 
 Emit = Callable[["Event"], None]
 """Puts an event on the audit stream: the process's one recorder (``AuditRecorder.emit``), which
@@ -80,6 +88,12 @@ class Context:
     """The cluster as the watches show it, frozen for this reconcile."""
     now: datetime
     """Wall-clock time (UTC, aware) from the runner's clock: inject it in tests."""
+    term: Term | None = None
+    """The term of leadership this reconcile runs in (None in tests that run it bare)."""
+
+
+class Terminal(Exception):
+    """A failure a retry cannot fix: the runner logs and counts it, and does not retry."""
 
 
 class Reconciler(Protocol):

@@ -19,8 +19,11 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from function.control.reconciler import Context, Reconciler
+from function.control.fence import Fence
+from function.control.reconciler import Context, Reconciler, Terminal
 from function.core.view import ClusterView, Record
+from function.kube.client import ApiError
+from function.kube.elector import Term, TermEnded
 
 log = logging.getLogger("castslice.control")
 
@@ -50,8 +53,20 @@ class ControlMetrics:
         )
         self.errors = Counter(
             "castslice_control_reconcile_errors",
-            "Reconciles that raised (each retried with backoff), by reconciler.",
+            "Reconciles that raised (each retried with backoff, unless terminal), by reconciler.",
             ["reconciler"],
+            registry=registry,
+        )
+        self.terminal = Counter(
+            "castslice_control_reconcile_terminal_errors",
+            "Reconciles that failed in a way no retry fixes (a 4xx such as 422 Invalid or 403): "
+            "not retried until the object changes or the resync, by reconciler.",
+            ["reconciler"],
+            registry=registry,
+        )
+        self.fenced = Counter(
+            "castslice_control_fenced_writes",
+            "Writes refused, never sent, because the term of leadership they were started in had ended.",
             registry=registry,
         )
         self.depth = Gauge(
@@ -139,8 +154,20 @@ class WorkQueue:
             self._cond.notify_all()
 
 
+TERMINAL_STATUSES = frozenset({400, 403, 405, 406, 413, 415, 422})
+"""Answers a retry of the same request gets again: the request is wrong, or not allowed. (A 404 is
+each reconciler's to judge; 408, 409, 429 and 5xx are retried with backoff.)"""
+
+
+def is_terminal(error: BaseException) -> bool:
+    if isinstance(error, Terminal):
+        return True
+    return isinstance(error, ApiError) and error.status in TERMINAL_STATUSES
+
+
 class Worker:
-    """One reconciler's queue and thread, alive while this process leads."""
+    """One reconciler's queue and thread, alive for one term of leadership: its thread writes in
+    that term (``fence.bind``) and stops reconciling once the term has ended."""
 
     def __init__(
         self,
@@ -150,11 +177,14 @@ class Worker:
         metrics: ControlMetrics,
         now: Callable[[], datetime],
         clock: Callable[[], float],
+        term: Term | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.queue = WorkQueue(clock)
         self._snapshot, self._metrics, self._now, self._clock = snapshot, metrics, now, clock
         self._wait_synced = wait_synced
+        self.term, self._fence = term, fence
         self._failures: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._last_resync = clock()
@@ -182,6 +212,8 @@ class Worker:
         self._last_resync = self._clock()
 
     def _run(self) -> None:
+        if self._fence is not None:
+            self._fence.bind(self.term)
         # No work before the watches this reconciler reads have listed: its first pass over
         # ``keys`` would judge a half-known cluster (and act on it: delete, evict, write status).
         indices = [spec.index for spec in self.reconciler.watches]
@@ -205,15 +237,32 @@ class Worker:
                 self.queue.done(key)
 
     def _closed(self) -> bool:
-        return self.queue.closed
+        return self.queue.closed or (self.term is not None and not self.term.valid())
 
     def reconcile_one(self, key: str) -> None:
         """Reconcile ``key`` once, now: what the thread does per key (and what tests call)."""
         name = self.reconciler.name
+        if self.term is not None and not self.term.valid():
+            return  # the term is over: its work is the next term's
         began = time.perf_counter()
         try:
-            outcome = self.reconciler.reconcile(key, Context(self._snapshot(), self._now()))
-        except Exception:
+            outcome = self.reconciler.reconcile(key, Context(self._snapshot(), self._now(), self.term))
+        except TermEnded as ended:
+            self._metrics.fenced.inc()
+            log.info("reconcile %s %s stopped: %s", name, key, ended)
+        except Exception as error:
+            if is_terminal(error):
+                self._failures.pop(key, None)
+                self._metrics.errors.labels(name).inc()
+                self._metrics.terminal.labels(name).inc()
+                log.error(
+                    "reconcile %s %s failed and is not retried (a retry gets the same answer; "
+                    "it runs again when what it reads changes, or at the resync): %s",
+                    name,
+                    key,
+                    error,
+                )
+                return
             failures = self._failures.get(key, 0) + 1
             self._failures[key] = failures
             delay = min(BACKOFF_START * 2 ** (failures - 1), BACKOFF_MAX)
@@ -245,6 +294,7 @@ class Runner:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         clock: Callable[[], float] = time.monotonic,
         stop_timeout: float = 4.0,
+        fence: Fence | None = None,
     ) -> None:
         """``wait_synced``: the view's barrier; each worker starts reconciling once the indices
         its reconciler watches have listed. ``stop_timeout``: how long losing leadership waits for
@@ -263,6 +313,7 @@ class Runner:
         self._snapshot, self._now, self._clock = snapshot, now, clock
         self._wait_synced = wait_synced
         self._stop_timeout = stop_timeout
+        self._fence = fence
         self._lock = threading.Lock()
         self._workers: dict[str, Worker] = {}
         self._by_index: dict[str, list[Reconciler]] = {}
@@ -274,17 +325,28 @@ class Runner:
     def leading(self) -> bool:
         return bool(self._workers)
 
-    def start_leading(self) -> None:
+    def start_leading(self, term: Term | None = None) -> None:
+        """A term begins: a worker per reconciler, its thread writing in ``term``."""
         with self._lock:
             self.metrics.is_leader.set(1)
             for reconciler in self.reconcilers:
                 worker = Worker(
-                    reconciler, self._snapshot, self._wait_synced, self.metrics, self._now, self._clock
+                    reconciler,
+                    self._snapshot,
+                    self._wait_synced,
+                    self.metrics,
+                    self._now,
+                    self._clock,
+                    term,
+                    self._fence,
                 )
                 self._workers[reconciler.name] = worker
                 worker.start()
 
     def stop_leading(self) -> None:
+        """The term has ended (the elector revoked it first, so none of its writes is sent from
+        now on): stop its workers, then drop everything it knew (each reconciler's memory of the
+        term, its gauges), so nothing of it reaches the next term or stays on /metrics."""
         with self._lock:
             workers, self._workers = self._workers, {}
             self.metrics.is_leader.set(0)
@@ -293,6 +355,10 @@ class Runner:
         for worker in workers.values():
             worker.stop(self._stop_timeout)
             self.metrics.depth.labels(worker.reconciler.name).set_function(lambda: 0.0)
+        for reconciler in self.reconcilers:
+            forget = getattr(reconciler, "forget_term", None)
+            if callable(forget):
+                forget()
 
     def changed(self, index: str, old: Record | None, new: Record | None) -> None:
         """The watcher's listener: make the keys the change touches due (only while leading)."""

@@ -136,7 +136,11 @@ class KubeClient:
             body=data,
             headers=headers,
             retries=False,
-            timeout=urllib3.Timeout(connect=REQUEST_CONNECT_TIMEOUT, read=timeout),
+            # ``timeout`` bounds the whole request, connecting included: a leader's renewal and
+            # every write of a term are given only the time left in it (function/kube/elector.py).
+            timeout=urllib3.Timeout(
+                total=timeout, connect=min(REQUEST_CONNECT_TIMEOUT, timeout), read=timeout
+            ),
         )
         return ApiResponse.parse(response.status, response.data)
 

@@ -43,6 +43,8 @@ WATCH_SECONDS = (240, 360)
 """The server ends each watch after a random time in this range (as client-go does, spreading
 reconnections); our read timeout is a little longer, so a silent dead connection is noticed."""
 BACKOFF_START, BACKOFF_MAX = 0.5, 30.0
+UNREADABLE_NAMED = 20
+"""Unreadable objects named per index in the readiness detail (all of them are counted)."""
 FREEZE_EVERY = 10_000
 """Watch events between two ``gc.freeze()`` calls (see ClusterWatcher's ``freeze_gc``)."""
 
@@ -60,6 +62,8 @@ class Response(Protocol):
     def stream(self, amt: int, decode_content: bool = True) -> Iterator[bytes]: ...
 
     def release_conn(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Transport(Protocol):
@@ -115,6 +119,13 @@ class ViewMetrics:
             ["index"],
             registry=registry,
         )
+        self.unreadable = Gauge(
+            "castslice_view_unreadable_objects",
+            "Objects the view could not read (its reader raised on them: they skipped validation) and "
+            "left out, by index; the watch goes on. Named in the readiness answer.",
+            ["index"],
+            registry=registry,
+        )
 
 
 class ClusterWatcher:
@@ -167,10 +178,14 @@ class ClusterWatcher:
         self._events_since_freeze = 0
         self._started_in: int | None = None
         self._fork_lock = threading.Lock()
+        self._unreadable: dict[str, dict[str, str]] = {spec.index: {} for spec in self.specs}
+        """Index -> object ("namespace/name") -> why it could not be read: left out of the view
+        (one object the code cannot represent never stops the watch, nor hides the others)."""
         if not self.specs:
             self._synced_event.set()
         for spec in self.specs:
             self.metrics.objects.labels(spec.index).set(0)
+            self.metrics.unreadable.labels(spec.index).set(0)
             self.metrics.synced.labels(spec.index).set(0)
             self.metrics.relists.labels(spec.index)
             self.metrics.errors.labels(spec.index)
@@ -232,6 +247,37 @@ class ClusterWatcher:
                 self.metrics.synced.labels(spec.index).set(0)
             self.start()
 
+    def unreadable(self) -> dict[str, dict[str, str]]:
+        """The objects left out because they could not be read, by index (at most
+        UNREADABLE_NAMED named per index), for a readiness answer: {index: {object: why}}."""
+        return {
+            index: dict(list(objects.items())[:UNREADABLE_NAMED])
+            for index, objects in self._unreadable.items()
+            if objects
+        }
+
+    def _read(self, spec: WatchSpec, obj: Mapping[str, Any]) -> tuple[str, Record | None] | None:
+        """The object's key and record, or None when the spec cannot read it (counted, named)."""
+        named = _object_name(obj)
+        unreadable = self._unreadable[spec.index]
+        try:
+            key, record = spec.key(obj), spec.slim(obj)
+        except Exception as error:  # noqa: BLE001 - any object, any bug: skipped, never the watch
+            if named not in unreadable:
+                log.error(
+                    "view %s: %s cannot be read and is left out (the watch goes on): %s: %s",
+                    spec.index,
+                    named,
+                    type(error).__name__,
+                    error,
+                )
+            unreadable[named] = f"{type(error).__name__}: {str(error)[:200]}"
+            self.metrics.unreadable.labels(spec.index).set(len(unreadable))
+            return None
+        if unreadable.pop(named, None) is not None:
+            self.metrics.unreadable.labels(spec.index).set(len(unreadable))
+        return key, record
+
     def api_requests(self) -> int:
         """Requests made to the apiserver so far (all by the watch threads; reviews make none)."""
         return self._requests
@@ -278,6 +324,8 @@ class ClusterWatcher:
                     version = self._list(spec)
                     listed = True
                 version, events = self._watch(spec, version)
+                if self._stop.is_set():
+                    return  # interrupted: stopping, not a watch that closed at once
                 if events or time.monotonic() - began > 1.0:
                     delay = self._backoff[0]
                     continue
@@ -340,14 +388,17 @@ class ClusterWatcher:
                 # The continue token expired mid-list (the apiserver compacted): start over.
                 records, token = {}, ""
                 continue
+            if not token:  # a new list: what it cannot read is counted afresh
+                self._unreadable[spec.index].clear()
+                self.metrics.unreadable.labels(spec.index).set(0)
             try:
                 page = json.loads(response.read())
             finally:
                 response.release_conn()
             for item in page.get("items") or ():
-                key, record = spec.key(item), spec.slim(item)
-                if key and record is not None:
-                    records[key] = record
+                read = self._read(spec, item) if isinstance(item, Mapping) else None
+                if read is not None and read[0] and read[1] is not None:
+                    records[read[0]] = read[1]
             metadata = page.get("metadata") or {}
             token = metadata.get("continue") or ""
             if not token:
@@ -380,6 +431,7 @@ class ClusterWatcher:
         }
         response = self._get(spec, "watch", query, timeout + 30.0)
         self._open[spec.index] = response
+        ended = False
         try:
             # stop() sets the flag before it interrupts what is in _open: checked after registering,
             # a stop that came while the request was on its way is never missed.
@@ -392,8 +444,15 @@ class ClusterWatcher:
                 if line.strip():
                     version = self._apply(spec, json.loads(line), version)
                     events += 1
+            else:
+                ended = True  # the server closed the stream: the connection is clean
         finally:
             self._open.pop(spec.index, None)
+            if not ended:
+                # Left mid-stream (stopping, 410, a bad event): what is left unread would be taken
+                # for the next answer on this connection, whichever request of the process's one
+                # pool gets it. Closed, it is not reused.
+                response.close()
             response.release_conn()
         return version, events
 
@@ -410,13 +469,21 @@ class ClusterWatcher:
         new_version = str(metadata_of(obj).get("resourceVersion") or version)
         if kind == "BOOKMARK":
             return new_version
-        key = spec.key(obj)
+        if kind == "DELETED":
+            if self._unreadable[spec.index].pop(_object_name(obj), None) is not None:
+                self.metrics.unreadable.labels(spec.index).set(len(self._unreadable[spec.index]))
+            key, record = _key_of(spec, obj), None
+        else:
+            read = self._read(spec, obj)
+            # Changed into something the view cannot read: what it held of it is no longer true.
+            key, record = read if read is not None else (_key_of(spec, obj), None)
         if not key:
             return new_version
         self._events_since_freeze += 1
         if self._events_since_freeze >= FREEZE_EVERY:
             self._freeze()
-        record = spec.slim(obj) if kind in ("ADDED", "MODIFIED") else None
+        if kind not in ("ADDED", "MODIFIED"):
+            record = None
         before = self._published[spec.index].records.get(key)
         if record is None:  # DELETED, or an object the spec no longer keeps (a finished Pod)
             self._publish(spec.index, lambda old: old.remove(key, spec.group_by, spec.tally))
@@ -449,6 +516,23 @@ class ClusterWatcher:
             new = change(self._published[index])
             self._published = {**self._published, index: new}
         self.metrics.objects.labels(index).set(len(new.records))
+
+
+def _key_of(spec: WatchSpec, obj: Mapping[str, Any]) -> str:
+    """The object's key in the index, or its uid when the spec's key cannot be read from it."""
+    try:
+        return spec.key(obj)
+    except Exception:  # noqa: BLE001 - what the view may hold of it is under its uid then
+        uid = metadata_of(obj).get("uid")
+        return uid if isinstance(uid, str) else ""
+
+
+def _object_name(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (or ``name``) of an object, whatever else is wrong with it."""
+    metadata = metadata_of(obj)
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    name = name if isinstance(name, str) else "(no name)"
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else name
 
 
 def _lines(response: Response) -> Iterator[bytes]:

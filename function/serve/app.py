@@ -127,7 +127,13 @@ def build_webhook_and_recorder(
             and (offload is None or offload.ready())
         )
 
-    webhook = WebhookHttp(admission, ready=ready, metrics=recorder.metrics_text, large_reviews=offload)
+    webhook = WebhookHttp(
+        admission,
+        ready=ready,
+        metrics=recorder.metrics_text,
+        large_reviews=offload,
+        unreadable=(lambda: {}) if watcher is None else watcher.unreadable,
+    )
     webhook.watcher = watcher
     return webhook, recorder
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,11 +92,15 @@ class WebhookHttp:
         ready: Callable[[], bool] = lambda: True,
         metrics: Callable[[], bytes] | None = None,
         large_reviews: LargeReviews | None = None,
+        unreadable: Callable[[], Mapping[str, Mapping[str, str]]] = lambda: {},
     ) -> None:
         """``large_reviews``: where ``answer`` sends reviews larger than LARGE_BODY_BYTES (a child
-        process, function/serve/offload.py); None decides every review in this process."""
+        process, function/serve/offload.py); None decides every review in this process.
+        ``unreadable``: objects the cluster view could not read and left out, by index (named in
+        the readiness answer)."""
         self.admission = admission
         self.ready = ready
+        self.unreadable = unreadable
         self.metrics = metrics
         self.large_reviews = large_reviews
         self.watcher: Any = None
@@ -143,7 +147,11 @@ class WebhookHttp:
                 return json_reply(200, {"status": "ok"})
             if path == READYZ_PATH:
                 ok = self.ready()
-                return json_reply(200 if ok else 503, {"status": "ready" if ok else "not ready"})
+                answer: dict[str, Any] = {"status": "ready" if ok else "not ready"}
+                unreadable = self.unreadable()
+                if unreadable:  # left out of the view, so their objects are not enforced
+                    answer["unreadable"] = unreadable
+                return json_reply(200 if ok else 503, answer)
             if self.metrics is None:
                 return problem(404, "metrics are not enabled")
             return HttpReply(200, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")

@@ -133,3 +133,29 @@ def test_identity_and_namespace_come_from_the_downward_api() -> None:
     assert own_identity({"POD_NAME": "castslice-control-7d9f-abcde"}) == "castslice-control-7d9f-abcde"
     assert own_identity({}).rsplit("_", 1)[1].isdigit()
     assert own_namespace({"POD_NAMESPACE": "castslice-system"}) == "castslice-system"
+
+
+def test_readiness_names_what_the_view_could_not_read_and_stays_ready() -> None:
+    import dataclasses
+
+    def fussy(obj: dict[str, Any]) -> Any:
+        if obj["metadata"]["name"] == "poison":
+            raise OverflowError("date value out of range")
+        return obj
+
+    recorder = Recorder()
+    recorder.watches = (dataclasses.replace(THINGS, slim=fussy),)  # type: ignore[misc]
+    settings = ControlSettings(lease_namespace="ops", identity="control-0", host="127.0.0.1", port=0)
+    with FakeApiServer() as server:
+        things = [{"metadata": {"name": name, "namespace": "ml", "uid": name}} for name in ("fine", "poison")]
+        server.load(THINGS.path(), things)
+        controller = Controller([recorder], FakeApi(), transport_for(server.url), settings)
+        controller.start()
+        try:
+            wait_for(lambda: get(controller.port, "/readyz")[0] == 200)
+            assert get(controller.port, "/readyz")[1].splitlines() == [
+                "ok",
+                "unreadable, left out of the view: things ml/poison: OverflowError: date value out of range",
+            ]
+        finally:
+            controller.stop()

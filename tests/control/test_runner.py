@@ -1,6 +1,7 @@
-"""The runner: a key at most once in the queue, timers, backoff on failure, reconcilers started and
-stopped with leadership (and reconciling only once their watches have listed), watch changes routed
-by each reconciler's triggers."""
+"""The runner: a key at most once in the queue, timers, backoff on failure (none for a terminal
+one), reconcilers started and stopped with leadership (and reconciling only once their watches
+have listed), each worker's writes made in its term and refused once it ends, a term's memory
+dropped with it, watch changes routed by each reconciler's triggers."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import threading
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from function.control.fence import Fence
+from function.control.reconciler import DONE, Context, Requeue, Terminal
 from function.control.runner import Runner, WorkQueue
 from function.core.view import StaticView
+from function.kube.client import ApiError, ApiResponse
+from function.kube.elector import Term
 from tests.control.support import Recorder
+from tests.support.fake_api import FakeApi
 
 
 class Clock:
@@ -205,3 +212,88 @@ def test_reconcilers_must_have_distinct_names() -> None:
 
     with pytest.raises(ValueError, match="share a name"):
         Runner([Recorder(), Recorder()], lambda: StaticView({}), CollectorRegistry(), listed)
+
+
+class Writer(Recorder):
+    """A Recorder that writes once per reconcile through the Api it was built with (a Fence), and
+    remembers things during a term."""
+
+    name = "writer"
+
+    def __init__(self, api: Any, keys: Iterable[str] = ()) -> None:
+        super().__init__(keys)
+        self.api = api
+        self.memory: list[str] = []
+        self.raise_this: Exception | None = None
+        self.before_write: Any = lambda: None
+
+    def reconcile(self, key: str, ctx: Context) -> Requeue:
+        self.seen.append((key, ctx.now))
+        self.memory.append(key)
+        if self.raise_this is not None:
+            raise self.raise_this
+        self.before_write()
+        self.api.request("PATCH", f"/apis/example.io/v1/things/{key}", body={})
+        return DONE
+
+    def forget_term(self) -> None:
+        self.memory.clear()
+
+
+def test_a_workers_writes_are_made_in_its_term_and_refused_once_it_ends() -> None:
+    clock = Clock()
+    api = FakeApi()
+    fence = Fence(api)
+    writer = Writer(fence)
+    registry = CollectorRegistry()
+    r = Runner([writer], lambda: StaticView({}), registry, listed, now=lambda: NOW, fence=fence)
+    term = Term("a", 7, 10.0, clock)
+    r.start_leading(term)
+    try:
+        worker = r.worker("writer")
+        assert worker is not None and worker.term is term
+        fence.bind(term)  # this thread stands in for the worker's
+        worker.reconcile_one("a")
+        assert [path for _, path, _, _ in api.requests] == ["/apis/example.io/v1/things/a"]
+        writer.before_write = term.revoke  # the lead lost in the middle of a reconcile
+        worker.reconcile_one("b")
+        assert len(api.requests) == 1  # its write was not sent
+        assert "castslice_control_fenced_writes_total 1.0" in generate_latest(registry).decode()
+        writer.seen.clear()
+        worker.reconcile_one("c")
+        assert writer.seen == []  # an ended term reconciles nothing more
+    finally:
+        r.stop_leading()
+
+
+def test_a_lost_lead_drops_what_each_reconciler_remembered_of_the_term() -> None:
+    fence = Fence(FakeApi())
+    writer = Writer(fence, ["a"])
+    r = Runner([writer], lambda: StaticView({}), CollectorRegistry(), listed, now=lambda: NOW, fence=fence)
+    r.start_leading(Term("a", 1, time.monotonic() + 60, time.monotonic))
+    wait_for(lambda: writer.memory == ["a"])
+    r.stop_leading()
+    assert writer.memory == []
+
+
+def test_a_terminal_error_is_counted_and_not_retried() -> None:
+    writer = Writer(FakeApi())
+    registry = CollectorRegistry()
+    r = Runner([writer], lambda: StaticView({}), registry, listed, now=lambda: NOW)
+    r.start_leading()
+    try:
+        worker = r.worker("writer")
+        assert worker is not None
+        writer.raise_this = ApiError("apply status", ApiResponse(422, {"message": "spec.count: Invalid"}))
+        worker.reconcile_one("a")
+        assert len(worker.queue) == 0  # not retried: the same request gets the same 422
+        writer.raise_this = Terminal("a lease that cannot be represented")
+        worker.reconcile_one("b")
+        writer.raise_this = ApiError("apply status", ApiResponse(409, {"message": "conflict"}))
+        worker.reconcile_one("c")
+        assert len(worker.queue) == 1  # a conflict is retried
+        metrics = generate_latest(registry).decode()
+        assert 'castslice_control_reconcile_terminal_errors_total{reconciler="writer"} 2.0' in metrics
+        assert 'castslice_control_reconcile_errors_total{reconciler="writer"} 3.0' in metrics
+    finally:
+        r.stop_leading()

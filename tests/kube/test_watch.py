@@ -326,3 +326,44 @@ def test_freeze_gc_keeps_the_collector_off_the_view(
     off.start()
     watchers.append(off)
     assert off.wait_synced(5) and 2 not in frozen
+
+
+def test_an_object_the_view_cannot_read_is_left_out_counted_and_named_and_the_watch_goes_on(
+    api: FakeApiServer, watchers: list[ClusterWatcher]
+) -> None:
+    """A reader that raises on one object (one that skipped validation, say) costs that object
+    only: the list and the watch go on, the others are kept and followed, the object is named for
+    readiness and counted, and it leaves the count once fixed or deleted."""
+    import dataclasses
+
+    from function.core.view import slim_pod
+
+    def fussy(obj: dict[str, Any]) -> Any:
+        if (obj["metadata"].get("labels") or {}).get("castops.io/placement") == "poison":
+            raise OverflowError("date value out of range")
+        return slim_pod(obj)
+
+    spec = dataclasses.replace(PODS, slim=fussy)
+    good, bad = make_pod("good"), make_pod("bad", placement="poison")
+    api.load(POD_PATH, [good, bad])
+    watcher = started(api, (spec,))
+    watchers.append(watcher)
+    assert watcher.wait_synced(5)
+    assert list(watcher.snapshot().index("pods")) == [good["metadata"]["uid"]]
+    assert watcher.unreadable() == {"pods": {"default/bad": "OverflowError: date value out of range"}}
+    assert 'castslice_view_unreadable_objects{index="pods"} 1.0' in watcher.metrics_text().decode()
+    eventually(lambda: len(api.requests("watch")) == 1)
+    later = make_pod("later")
+    api.put(POD_PATH, later)  # created after the bad one: still seen
+    eventually(lambda: later["metadata"]["uid"] in watcher.snapshot().index("pods"))
+    good["metadata"]["labels"] = {"castops.io/placement": "poison"}  # a known object turns bad
+    api.put(POD_PATH, good)
+    eventually(lambda: good["metadata"]["uid"] not in watcher.snapshot().index("pods"))
+    assert set(watcher.unreadable()["pods"]) == {"default/bad", "default/good"}
+    api.delete(POD_PATH, bad["metadata"]["uid"])  # deleting the bad one heals, without a restart
+    good["metadata"]["labels"] = {}
+    api.put(POD_PATH, good)
+    eventually(lambda: good["metadata"]["uid"] in watcher.snapshot().index("pods"))
+    assert watcher.unreadable() == {}
+    assert 'castslice_view_unreadable_objects{index="pods"} 0.0' in watcher.metrics_text().decode()
+    assert len(api.requests("list")) == 1  # never relisted for it

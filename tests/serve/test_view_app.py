@@ -186,3 +186,33 @@ def test_cli_mutate_names_a_bad_state_file(tmp_path: Path, capsys: pytest.Captur
     )
     assert cli.main(["mutate", "-f", str(pod), "--cluster", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_readyz_names_the_objects_the_view_could_not_read(
+    api: FakeApiServer, webhooks: list[WebhookHttp]
+) -> None:
+    import dataclasses
+
+    from function.core.view import slim_pod
+
+    def fussy(obj: dict[str, Any]) -> Any:
+        if obj["metadata"]["name"] == "poison":
+            raise OverflowError("date value out of range")
+        return slim_pod(obj)
+
+    api.load(PODS.path(), [make_pod("fine"), make_pod("poison")])
+    webhook = build_webhook(
+        parse_config({}),
+        {},
+        transport=transport_for(api.url),
+        watches=(dataclasses.replace(PODS, slim=fussy),),
+        freeze_gc=False,
+    )
+    webhooks.append(webhook)
+    assert webhook.watcher is not None and webhook.watcher.wait_synced(10)
+    reply = webhook.handle("GET", "/readyz", None)
+    assert reply.status == 200
+    assert json.loads(reply.body) == {
+        "status": "ready",
+        "unreadable": {"pods": {"default/poison": "OverflowError: date value out of range"}},
+    }
