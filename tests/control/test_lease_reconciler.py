@@ -268,17 +268,36 @@ def test_gpu_hours_stay_exact_across_leaders_whose_memory_starts_empty() -> None
 
 
 def test_a_status_computed_from_a_stale_view_is_refused_not_written() -> None:
+    """Another writer (the leader before, or a leader now) wrote after what the view shows: the
+    status computed from the view is refused, never written over the newer one."""
     cluster = Cluster(lease_obj(), [pod(1)])
-    r = LeaseReconciler(cluster)
-    stale = cluster.view()  # before our first write
-    reconcile(r, cluster)
+    stale = cluster.view()  # before the write below
+    reconcile(LeaseReconciler(cluster), cluster)
     written = copy.deepcopy(cluster.status())
     cluster.pods.append(pod(2))  # a change: the next status differs
-    requeue = r.reconcile("ml/h100", Context(stale, NOW + timedelta(minutes=20)))
+    requeue = LeaseReconciler(cluster).reconcile("ml/h100", Context(stale, NOW + timedelta(minutes=20)))
     assert requeue.after == CONFLICT_RETRY
     assert cluster.status() == written  # the newer status stands
-    reconcile(r, cluster, NOW + timedelta(minutes=20))  # once the view has caught up
+    reconcile(LeaseReconciler(cluster), cluster, NOW + timedelta(minutes=20))  # the view caught up
     assert cluster.status()["used"] == "2" and cluster.status()["consumed"]["gpuHours"] == "0.333333"
+
+
+def test_a_leaders_own_write_not_yet_in_its_view_is_built_on_at_once() -> None:
+    """The watch has not brought this leader's last write back yet: the next status is computed
+    from that write and applied at its version (no refusal, no retry later that would count the
+    wait at the old figure)."""
+    cluster = Cluster(lease_obj(finalized=False), [pod(1)])
+    r = LeaseReconciler(cluster)
+    before = cluster.view()
+    reconcile(r, cluster)  # the finalizer, then the status: two writes
+    assert len(cluster.status_applies()) == 1
+    # The view still shows the lease as it was before both writes (and one Pod, as then).
+    requeue = r.reconcile("ml/h100", Context(before, NOW + timedelta(minutes=30)))
+    assert requeue.after != CONFLICT_RETRY
+    (_, second) = cluster.status_applies()
+    assert second["metadata"]["resourceVersion"] == "3"  # after the finalizer (2) and the status (3)
+    assert cluster.status()["consumed"]["gpuHours"] == "0.500000"  # 1 GPU for 30 minutes, exactly
+    assert not [x for x in cluster.requests[2:] if x[0] == "PATCH" and x[1] == LEASE]  # finalizer once
 
 
 def test_phases_move_with_the_clock_and_the_timer_is_the_next_boundary() -> None:
@@ -587,3 +606,20 @@ def test_a_recurring_window_closes_and_opens_with_evictions_notice_and_the_end_o
     reconcile(r, cluster, NOW + timedelta(seconds=60, milliseconds=50))
     assert cluster.status()["phase"] == "Active"
     assert cluster.reasons().count("Activated") == 2 and "Closed" in cluster.reasons()
+
+
+def test_an_invalid_lease_whose_status_the_apiserver_refuses_is_still_reported() -> None:
+    """A stored lease the schema refuses may refuse its status too (a 422): the Event and the
+    metric say it is invalid all the same, and the reconcile does not fail over and over."""
+    cluster = Cluster(lease_obj(finalized=False, duration="87600000h"))
+    cluster.handlers[("PATCH", LEASE + "/status")] = lambda body, query: ApiResponse(
+        422, {"message": 'GpuLease.castops.io "h100" is invalid: spec.duration'}
+    )
+    r = LeaseReconciler(cluster)
+    registry = CollectorRegistry()
+    r.register(registry)
+    assert reconcile(r, cluster).after is None
+    assert cluster.reasons() == ["Invalid"]
+    assert 'castslice_gpulease_invalid{lease="h100",model="H100",namespace="ml"} 1.0' in (
+        generate_latest(registry).decode()
+    )

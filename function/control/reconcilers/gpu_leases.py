@@ -41,6 +41,7 @@ its position and why it waits in its status (condition ``castops.io/GpuLeaseQueu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -478,6 +479,9 @@ class LeaseReconciler:
         self._told: dict[str, dict[tuple[str, str], str]] = {}
         """Lease key -> (object uid, reason) -> what the last Event of that reason said (one
         Event per change), kept for the lease and the Pods the view shows of it."""
+        self._written: dict[str, tuple[str, frozenset[str], str, Mapping[str, Any], bool]] = {}
+        """Lease key -> (uid, the versions our writes replaced, the version and status our last
+        write made, whether it holds our finalizer): until the view shows our last write."""
         self._refused: dict[str, str] = {}
         """Pod uid -> the key of its lease, while its last eviction was refused (a
         PodDisruptionBudget said no)."""
@@ -494,6 +498,7 @@ class LeaseReconciler:
         """The lead is lost: nothing of this term may be trusted by the next."""
         self._ungated.clear()
         self._told.clear()
+        self._written.clear()
         self._refused.clear()
         self._marked.clear()
         self._term_began = None
@@ -528,9 +533,11 @@ class LeaseReconciler:
             return self.reconcile(lease.key, ctx)
         if lease is None:
             self._told.pop(key, None)
+            self._written.pop(key, None)
             if self.metrics is not None:
                 self.metrics.forget(namespace, name)
             return DONE
+        lease = self._as_written(lease)
         pods = sorted(
             (
                 p
@@ -551,7 +558,7 @@ class LeaseReconciler:
             steps += self._evict_all(lease, pods, ctx.now)
         else:
             if not lease.finalized and not lease.problems:
-                self._apply_finalizer(lease, keep=True)
+                lease = self._apply_finalizer(lease, keep=True)
             if phase == Phase.Active:
                 self._keep_ends(lease, pods, ctx.now)
             if lease.enforcement == Enforcement.Queue and phase in (
@@ -579,14 +586,15 @@ class LeaseReconciler:
         steps = self._lifecycle(lease, desired) + self._closed_periods(lease, desired, ctx.now) + steps
         for step in steps:
             self._tell(step)
-        if differs(desired, lease.status) and not self._apply_status(lease, desired):
-            return Requeue(CONFLICT_RETRY)
         if self.metrics is not None:
             self.metrics.show(lease, usage, outliving, lease.budget_at(ctx.now, zones))
+        if differs(desired, lease.status) and not self._apply_status(lease, desired):
+            return Requeue(CONFLICT_RETRY)
         if lease.deleting and not pods:
             if lease.finalized:
                 self._apply_finalizer(lease, keep=False)
             self._told.pop(key, None)
+            self._written.pop(key, None)
             if self.metrics is not None:
                 self.metrics.forget(lease.namespace, lease.name)
             return DONE
@@ -900,7 +908,33 @@ class LeaseReconciler:
         finalized = sum(1 for pod in pods if pod.terminating and self._finalizer_blocks(pod, now))
         return Outliving(len(pods), refused, finalized, since)
 
-    def _apply_finalizer(self, lease: Lease, keep: bool) -> None:
+    def _as_written(self, lease: Lease) -> Lease:
+        """The lease as this leader last wrote it, when the view still shows the version that
+        write was made at (the watch has not brought our own write back yet): the next status is
+        computed from, and applied at, what the apiserver holds, not refused and delayed."""
+        known = self._written.get(lease.key)
+        if known is not None and lease.uid == known[0] and lease.version in known[1]:
+            return dataclasses.replace(lease, version=known[2], status=known[3], finalized=known[4])
+        self._written.pop(lease.key, None)  # caught up, or another wrote since: the view holds
+        return lease
+
+    def _wrote(self, lease: Lease, response: Any) -> Lease:
+        """Remember what a write of ours made of the lease (its answer: the object as stored)."""
+        body = response.body if isinstance(response.body, Mapping) else {}
+        metadata = _mapping(body.get("metadata"))
+        version = metadata.get("resourceVersion")
+        if not isinstance(version, str) or not version:
+            return lease
+        stored = body.get("status")
+        status: Mapping[str, Any] = stored if isinstance(stored, Mapping) else lease.status
+        finalizers = metadata.get("finalizers")
+        finalized = isinstance(finalizers, list) and FINALIZER in finalizers
+        known = self._written.get(lease.key)
+        older = known[1] if known is not None and known[0] == lease.uid else frozenset()
+        self._written[lease.key] = (lease.uid, older | {lease.version}, version, status, finalized)
+        return dataclasses.replace(lease, version=version, status=status, finalized=finalized)
+
+    def _apply_finalizer(self, lease: Lease, keep: bool) -> Lease:
         """Our finalizer, by Server-Side Apply under its own field manager: applying without it
         removes only ours (finalizers is a set; another controller's stay). The apply names the
         object's uid, so an apply that comes after the lease was deleted cannot create another."""
@@ -917,9 +951,10 @@ class LeaseReconciler:
             query={"fieldManager": FINALIZER_MANAGER, "force": "true"},
         )
         if response.status in (404, 409):  # gone, or another object under the name now
-            return
+            return lease
         if not response.ok:
             raise ApiError(f"apply finalizer on gpulease {lease.key}", response)
+        return self._wrote(lease, response)
 
     # -- status ----------------------------------------------------------------------------------
     def _apply_status(self, lease: Lease, desired: Mapping[str, Any]) -> bool:
@@ -940,9 +975,18 @@ class LeaseReconciler:
         if response.status == 404:
             return True
         if response.status == 409:
+            self._written.pop(lease.key, None)
             return False
+        if response.status == 422 and lease.problems:
+            # A stored lease the schema refuses may refuse any write of it, status included: the
+            # Event, the metric and the log say it is invalid.
+            log.warning(
+                "gpu lease %s is invalid and its status cannot be written: %s", lease.key, response.message()
+            )
+            return True
         if not response.ok:
             raise ApiError(f"apply status of gpulease {lease.key}", response)
+        self._wrote(lease, response)
         return True
 
     def _lifecycle(self, lease: Lease, desired: Mapping[str, Any]) -> list[Step]:
