@@ -441,8 +441,9 @@ def _doctor(sub: Programs) -> None:
     program.add_argument(
         "--since-hours",
         type=float,
-        default=24,
-        help="drift: Pods created within this many hours (default: 24)",
+        default=0,
+        help="drift: only Pods created within this many hours (default: 0, every stored Pod, as the "
+        "controller's drift reconciler judges them)",
     )
     program.set_defaults(run=run_of("function.admin.doctor"))
 

@@ -137,6 +137,19 @@ GPU-hours: PeriodClosed, the chargeback record), and what it did or says to one 
 (Evicted, EvictionBlocked, FinalizerBlocks, Queued, EndingSoon)."""
 CONTROL_EVENT_SOURCE: Final = "/castslice/control"
 
+# --- What the manifests install that certgen and doctor look after ------------------------------
+LEASE_POLICIES: Final = (
+    ("mutatingadmissionpolicies", "castslice-gpulease-witness"),
+    ("validatingadmissionpolicies", "castslice-gpulease-stamp"),
+    ("validatingadmissionpolicies", "castslice-gpulease-forged"),
+    ("validatingadmissionpolicies", "castslice-gpulease-required"),
+    ("validatingadmissionpolicies", "castslice-gpulease-templates"),
+)
+"""The admission policies components/gpu-leases installs (each with a binding of its name): the
+apiserver's own enforcement of the stamp (tests/deploy keeps this in step)."""
+STAMP_POLICY: Final = "castslice-gpulease-stamp"
+"""The policy that names the controller's ServiceAccount (the only one that may ungate)."""
+
 # --- The castslice command --------------------------------------------------------------------
 EXIT_DENIED: Final = 1
 """``castslice mutate``: the webhook would deny at least one object."""
@@ -154,7 +167,8 @@ ENGINE_VERSION: Final = "0.1.0"
 SERVE_TARGETS: Final = {"mutate": "the admission webhook", "audit": "the reference audit consumer"}
 """What ``castslice serve --target`` may name: functions-framework targets in function/func.py."""
 CONTROL_LEASE_NAME: Final = "castslice-control"
-"""The controller's leader-election Lease (knative/components/controller names it in its Role)."""
+"""The controller's leader-election Lease (knative/components/controller names it in its Role;
+``castslice doctor`` reads who leads)."""
 LEASE_SECONDS: Final = 15.0
 RENEW_DEADLINE_SECONDS: Final = 10.0
 RETRY_SECONDS: Final = 2.0
@@ -162,8 +176,11 @@ RETRY_SECONDS: Final = 2.0
 WEBHOOK_TLS_SECRET: Final = "castslice-serving-tls"
 WEBHOOK_SERVICE: Final = "castslice"
 MUTATING_CONFIGURATIONS: Final = ("castslice",)
-VALIDATING_CONFIGURATIONS: Final = ("castslice-podmutations",)
-"""The webhook configurations ``castslice certgen`` writes the CA into, by default."""
+"""Every MutatingWebhookConfiguration the manifests install (tests/deploy keeps this in step)."""
+VALIDATING_CONFIGURATIONS: Final = ("castslice-podmutations", "castslice-gpuleases")
+"""Every ValidatingWebhookConfiguration the manifests install (components/pod-mutations,
+components/gpu-leases), each calling the webhook's Service with the serving certificate: what
+``castslice certgen`` writes the CA into, and ``castslice doctor`` checks, by default."""
 CERT_RENEW_BEFORE_DAYS: Final = 30
 AUDIT_DB_ENV: Final = "CASTSLICE_AUDIT_DB"
 DEFAULT_AUDIT_DB: Final = "castslice-audit.sqlite3"

@@ -4,7 +4,9 @@ failed). The checks, in the order a broken install fails them:
 
 1. registered: the MutatingWebhookConfiguration exists and sends Pod CREATEs;
 2. caBundle: it is set, and the serving certificate (the Secret the webhook mounts, or what the
-   URL serves) chains to it;
+   URL serves) chains to it; so for every other webhook configuration the manifests install that
+   is there (the PodMutation and GpuLease validating webhooks: with ``failurePolicy: Fail``, a
+   caBundle that does not sign the certificate refuses every create of their kind);
 3. reachable: from where the apiserver calls it (the Service through the apiserver's own proxy,
    or the URL);
 4. ready: its /readyz answers 200 (its cluster view has listed what the configuration watches);
@@ -12,9 +14,13 @@ failed). The checks, in the order a broken install fails them:
    ``failurePolicy: Ignore`` unable to hide a failure);
 6. CRDs and RBAC: what the configuration watches exists, and the webhook's ServiceAccount may list
    and watch it (SubjectAccessReview);
-7. drift: stored Pods created lately that the webhook would change today (it did not see them: it
-   was down, timed out, or they came before a policy), counted by ``castslice audit drift``'s
-   judgement.
+7. GPU leases (with ``gpuLeases`` on): every admission policy of components/gpu-leases and its
+   binding is there (the stamp policy naming the controller's ServiceAccount in this namespace),
+   and the controller runs with a leader (its Lease held and renewed in time);
+8. drift: stored Pods the webhook would change today (it did not see them: it was down, timed out,
+   or they came before a policy; GPU Pods their namespace's lease does not count), judged as the
+   controller's drift reconciler and ``castslice audit drift`` judge them (the same view, listed as
+   the controller's watches list it, and the Pods in pages bounded in bytes).
 
 The configuration is read from the ConfigMap the webhook's Deployment (or Knative Service) mounts,
 or ``--config``.
@@ -43,8 +49,21 @@ from cryptography.exceptions import InvalidSignature
 
 from function.admin.certgen import api_error_line
 from function.config_file import load_config_file
+from function.contract import (
+    CONTROL_LEASE_NAME,
+    LEASE_POLICIES,
+    MUTATING_CONFIGURATIONS,
+    STAMP_POLICY,
+    VALIDATING_CONFIGURATIONS,
+)
 from function.core.config import Config, ConfigError, parse_config, watches_for
-from function.kube.client import Api, kube_client
+from function.core.drift import Finding, Tally, findings, opted_out_in
+from function.core.engine import Engine
+from function.core.mutators.spot import NAMESPACES
+from function.core.view import POD_FIELD_SELECTOR, merge_specs
+from function.kube.client import Api, ApiError, kube_client
+from function.kube.pages import Pager
+from function.kube.watch import ClusterWatcher
 
 EXIT_OK, EXIT_FAILED = 0, 1
 WEBHOOK_NAME = "pods.castslice.castops.io"
@@ -148,18 +167,45 @@ def _served_certificate(url: str) -> x509.Certificate:
 
 
 def ca_bundle(cluster: Cluster, secret: str) -> Check:
-    hook = cluster.hook
-    if hook is None:
+    if cluster.hook is None:
         return Check("caBundle", False, "not checked: no webhook registered")
+    return _ca_bundle(cluster, secret, "caBundle", cluster.hook, cluster.configuration)
+
+
+def other_ca_bundles(cluster: Cluster, secret: str) -> list[Check]:
+    """The caBundle of every other webhook configuration the manifests install and the cluster has."""
+    checks = []
+    for kind, names in (
+        ("mutatingwebhookconfigurations", MUTATING_CONFIGURATIONS),
+        ("validatingwebhookconfigurations", VALIDATING_CONFIGURATIONS),
+    ):
+        for name in names:
+            if cluster.configuration is not None and name == (
+                cluster.configuration.get("metadata") or {}
+            ).get("name"):
+                continue  # the Pod webhook's, checked above
+            status, body = cluster.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
+            if status == 404:
+                continue  # its component is not installed
+            what = f"caBundle {name}"
+            if status != 200:
+                checks.append(Check(what, False, f"cannot read {kind[:-1]} {name}: HTTP {status}"))
+                continue
+            for hook in body.get("webhooks") or ():
+                check = _ca_bundle(cluster, secret, what, hook, body)
+                check.detail = f"{hook.get('name')}: {check.detail}"
+                checks.append(check)
+    return checks
+
+
+def _ca_bundle(cluster: Cluster, secret: str, name: str, hook: Any, configuration: Any) -> Check:
     try:
         bundle = _bundle(hook)
     except ValueError:
-        return Check(
-            "caBundle", False, "is not PEM certificates", "re-run the certificate's issuer (see below)"
-        )
-    cert_manager = "cert-manager.io/inject-ca-from" in (
-        (cluster.configuration or {}).get("metadata") or {}
-    ).get("annotations", {})
+        return Check(name, False, "is not PEM certificates", "re-run the certificate's issuer (see below)")
+    cert_manager = "cert-manager.io/inject-ca-from" in ((configuration or {}).get("metadata") or {}).get(
+        "annotations", {}
+    )
     fix = (
         f"cert-manager writes it: kubectl -n {cluster.namespace} describe certificate "
         "castslice-serving-cert, and the cainjector's log"
@@ -167,9 +213,7 @@ def ca_bundle(cluster: Cluster, secret: str) -> Check:
         else f"castslice certgen -n {cluster.namespace} (the Job of knative/components/certgen)"
     )
     if not bundle:
-        return Check(
-            "caBundle", False, "empty: the apiserver cannot trust the webhook (Pods admitted unmutated)", fix
-        )
+        return Check(name, False, "empty: the apiserver cannot trust the webhook", fix)
     url = hook["clientConfig"].get("url")
     try:
         if url:
@@ -178,7 +222,7 @@ def ca_bundle(cluster: Cluster, secret: str) -> Check:
             status, body = cluster.call("GET", f"/api/v1/namespaces/{cluster.namespace}/secrets/{secret}")
             if status != 200:
                 return Check(
-                    "caBundle",
+                    name,
                     False,
                     f"set, but Secret {cluster.namespace}/{secret} is missing (HTTP {status})",
                     fix,
@@ -186,12 +230,10 @@ def ca_bundle(cluster: Cluster, secret: str) -> Check:
             cert = x509.load_pem_x509_certificate(base64.b64decode(body["data"]["tls.crt"]))
             source = f"Secret {cluster.namespace}/{secret}"
     except (OSError, KeyError, ValueError) as error:
-        return Check("caBundle", False, f"cannot read the serving certificate: {error}", fix)
+        return Check(name, False, f"cannot read the serving certificate: {error}", fix)
     if not _chains(cert, bundle):
-        return Check(
-            "caBundle", False, f"does not sign {source}: the apiserver refuses the webhook's TLS", fix
-        )
-    return Check("caBundle", True, f"signs {source} (valid until {cert.not_valid_after_utc:%Y-%m-%d})")
+        return Check(name, False, f"does not sign {source}: the apiserver refuses the webhook's TLS", fix)
+    return Check(name, True, f"signs {source} (valid until {cert.not_valid_after_utc:%Y-%m-%d})")
 
 
 # --- 3. reachable and 4. ready --------------------------------------------------------------------
@@ -389,50 +431,129 @@ def crds_and_rbac(cluster: Cluster, account: str) -> list[Check]:
     return checks
 
 
-# --- 7. drift -------------------------------------------------------------------------------------
+# --- 7. GPU leases -------------------------------------------------------------------------------
+def gpu_leases(cluster: Cluster) -> list[Check]:
+    config = cluster.config or Config()
+    if not config.section("gpuLeases").enabled:
+        return []
+    checks = []
+    missing = []
+    for plural, name in LEASE_POLICIES:
+        for kind in (plural, f"{plural[:-3]}ybindings"):
+            status, body = cluster.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}")
+            if status != 200:
+                missing.append(f"{kind[:-1]} {name}")
+            elif kind == plural and name == STAMP_POLICY:
+                account = f"system:serviceaccount:{cluster.namespace}:castslice-control"
+                names = json.dumps((body.get("spec") or {}).get("variables") or [])
+                if account not in names:
+                    checks.append(
+                        Check(
+                            "stamp policy",
+                            False,
+                            f"{name} does not name {account}: the controller cannot start queued Pods",
+                            "list components/settings after components/gpu-leases (it fills the namespace)",
+                        )
+                    )
+    if missing:
+        checks.append(
+            Check(
+                "lease policies",
+                False,
+                f"missing: {', '.join(missing)} (the apiserver does not hold the stamp to anything)",
+                "kubectl apply -k your overlay with components/gpu-leases",
+            )
+        )
+    else:
+        checks.append(
+            Check("lease policies", True, f"{len(LEASE_POLICIES)} admission policies and their bindings")
+        )
+    checks.append(controller_leads(cluster))
+    return checks
+
+
+def controller_leads(cluster: Cluster) -> Check:
+    """The controller's Lease is held and was renewed within its duration (by the apiserver's clock
+    as written, against ours: a skew of seconds only)."""
+    fix = f"kubectl -n {cluster.namespace} get pods -l app.kubernetes.io/component=controller; their logs"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{cluster.namespace}/leases/{CONTROL_LEASE_NAME}"
+    status, body = cluster.call("GET", path)
+    if status == 404:
+        return Check(
+            "controller",
+            False,
+            "no castslice-control Lease: the controller never ran (leases neither expire nor release)",
+            "add components/controller to your overlay",
+        )
+    if status != 200:
+        return Check(
+            "controller", False, f"cannot read Lease {cluster.namespace}/{CONTROL_LEASE_NAME}: HTTP {status}"
+        )
+    spec = body.get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    renewed = str(spec.get("renewTime") or "")
+    seconds = int(spec.get("leaseDurationSeconds") or 0)
+    try:
+        age = (datetime.datetime.now(datetime.UTC) - datetime.datetime.fromisoformat(renewed)).total_seconds()
+    except ValueError:
+        age = float("inf")
+    if not holder or age > seconds:
+        return Check(
+            "controller",
+            False,
+            f"no leader: Lease {CONTROL_LEASE_NAME} held by {holder or 'nobody'}, renewed {age:.0f}s ago "
+            f"(duration {seconds}s)",
+            fix,
+        )
+    return Check("controller", True, f"{holder} leads (renewed {age:.0f}s ago, duration {seconds}s)")
+
+
+# --- 8. drift -------------------------------------------------------------------------------------
 def _created(obj: dict[str, Any]) -> datetime.datetime:
     stamp = str(obj["metadata"].get("creationTimestamp") or "1970-01-01T00:00:00Z")
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def drift(cluster: Cluster, since: datetime.timedelta) -> Check:
-    from function.offline.drift import report
-
-    objects: list[dict[str, Any]] = []
-    for path, kind, version in (
-        ("/api/v1/pods", "Pod", "v1"),
-        ("/apis/apps/v1/replicasets", "ReplicaSet", "apps/v1"),
-        ("/api/v1/namespaces", "Namespace", "v1"),
-    ):
-        status, body = cluster.call("GET", path)
-        if status != 200:
+def drift(cluster: Cluster, since: datetime.timedelta | None = None) -> Check:
+    """Every stored Pod (created within ``since`` when given) judged as the controller's drift
+    reconciler judges it: over the view its watches keep (listed here the same way), the Pods in
+    pages bounded in bytes."""
+    config = cluster.config or Config()
+    watcher = ClusterWatcher(merge_specs((*watches_for(config), NAMESPACES)), cluster.api)  # type: ignore[arg-type]
+    watcher.start()
+    try:
+        if not watcher.wait_synced(60):
             return Check(
                 "drift",
                 False,
-                f"cannot list {path}: HTTP {status}",
-                "doctor needs list on pods, replicasets, namespaces",
+                "cannot list what the judgement needs within 60 s",
+                "doctor needs list on pods and what the configuration watches",
             )
-        objects.extend({"apiVersion": version, "kind": kind, **item} for item in body.get("items", []))
-    cutoff = datetime.datetime.now(datetime.UTC) - since
-    recent = [
-        obj for obj in objects
-        if obj["kind"] != "Pod"
-        or _created(obj) >= cutoff
-    ]  # fmt: skip
-    found, tally = report(cluster.config or Config(), recent)
-    hours = since.total_seconds() / 3600
+        view = watcher.snapshot()
+    finally:
+        watcher.stop()
+    now = datetime.datetime.now(datetime.UTC)
+    pager = Pager(cluster.api, "/api/v1/pods", {"fieldSelector": POD_FIELD_SELECTOR})
+    engine, tally = Engine(config), Tally()
+    found: list[Finding] = []
+    opted_out = opted_out_in(view)
+    while not pager.done:
+        try:
+            page = pager.next()
+        except (ApiError, OSError) as error:
+            return Check("drift", False, f"cannot list the Pods: {error}", "doctor needs list on pods")
+        if since is not None:
+            page = [pod for pod in page if _created(pod) >= now - since]
+        found += findings(engine, page, view, tally, opted_out, now)
+    which = f"created in the last {since.total_seconds() / 3600:g}h" if since is not None else "stored"
     if not found:
-        return Check(
-            "drift",
-            True,
-            f"none of the {tally.judged} Pod(s) created in the last {hours:g}h would be changed today",
-        )
+        return Check("drift", True, f"none of the {tally.judged} Pod(s) {which} would be changed today")
     names = ", ".join(f"{f.namespace}/{f.name}" for f in found[:5]) + (" ..." if len(found) > 5 else "")
+    uncharged = f"; {tally.uncharged} uncharged by their namespace's GPU lease" if tally.uncharged else ""
     return Check(
         "drift",
         False,
-        f"{len(found)} of {tally.judged} Pod(s) created in the last {hours:g}h were admitted "
-        f"without it ({names})",
+        f"{len(found)} of {tally.judged} Pod(s) {which} were admitted without it ({names}){uncharged}",
         "recreate them (kubectl rollout restart for a workload's); "
         "castslice audit drift --cluster STATE.yaml says what it would change",
         warning=True,
@@ -447,15 +568,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"FAIL  kubeconfig: {error}", file=out)
         return EXIT_FAILED
     cluster = Cluster(api, args.namespace)
+    since = datetime.timedelta(hours=args.since_hours) if args.since_hours else None
     steps: list[tuple[str, Callable[[], Check | list[Check]]]] = [
         ("registered", lambda: registered(cluster, args.webhook)),
         ("caBundle", lambda: ca_bundle(cluster, args.secret)),
+        ("caBundles", lambda: other_ca_bundles(cluster, args.secret)),
         ("reachable", lambda: reachable(cluster)),
         ("ready", lambda: ready(cluster)),
         ("dry run", lambda: dry_run(cluster, args.probe_namespace)),
         ("configuration", lambda: configuration(cluster, args.config)),
         ("CRDs and RBAC", lambda: crds_and_rbac(cluster, args.service_account)),
-        ("drift", lambda: drift(cluster, datetime.timedelta(hours=args.since_hours))),
+        ("GPU leases", lambda: gpu_leases(cluster)),
+        ("drift", lambda: drift(cluster, since)),
     ]
     failed = False
     for name, step in steps:

@@ -28,24 +28,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
-import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from urllib3.exceptions import HTTPError
 
 from function.audit.events import Event
-from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.control.reconciler import DONE, Context, Emit, Permission, Requeue
 from function.core.config import Config, watches_for
-from function.core.drift import Finding, Tally, findings
+from function.core.drift import Finding, Tally, findings, opted_out_in
 from function.core.engine import Engine
-from function.core.mutators.spot import NAMESPACES, NamespaceRecord
+from function.core.mutators.spot import NAMESPACES
 from function.core.schedule import ZONES_INDEX
 from function.core.view import POD_FIELD_SELECTOR, ClusterView, Overlay, Record, WatchSpec, merge_specs
-from function.kube.client import Api
+from function.kube.client import Api, ApiError
+from function.kube.pages import PAGE_BYTES, Pager
 from function.zones import ZONES
 
 log = logging.getLogger("castslice.drift")
@@ -58,9 +57,6 @@ EVENT_TYPE: Final = "io.castops.castslice.drift.found.v1"
 (types io.castops.castslice.admission.*) does not take it; subscribe to this type to collect them."""
 EVENT_SOURCE: Final = "/castslice/controller/drift"
 LIST_TIMEOUT: Final = 60.0
-FIRST_PAGE: Final = 16
-"""Pods asked for by a pass's first page, before it knows how large they are."""
-PAGE_BYTES: Final = 8 * 2**20
 STALE_SECONDS: Final = 60.0
 """A pass left this long (leadership lost, regained later) starts over: its continue token would
 have expired, and the cluster moved on."""
@@ -76,15 +72,6 @@ def drift_watches(config: Config) -> tuple[WatchSpec, ...]:
     """What the reconciler reads from the view: what the webhook's mutators read (so each Pod is
     judged over the cluster they would see), and Namespaces for the opt-out label."""
     return merge_specs((*watches_for(config), NAMESPACES))
-
-
-def opted_out_in(view: ClusterView) -> frozenset[str]:
-    """The namespaces labelled ``castops.io/webhook: ignore``, from the view's Namespaces index."""
-    return frozenset(
-        record.name
-        for record in view.index(NAMESPACES.index).values()
-        if isinstance(record, NamespaceRecord) and (OPT_OUT_LABEL, OPT_OUT_VALUE) in record.labels
-    )
 
 
 def drift_event(finding: Finding, found_at: datetime) -> Event:
@@ -171,10 +158,8 @@ class DriftMetrics(Collector):
 
 @dataclass
 class _Pass:
+    pager: Pager
     tally: Tally = field(default_factory=Tally)
-    token: str = ""
-    largest: int = 0
-    """Bytes of the largest Pod seen in this pass (the next page's limit is fitted to it)."""
     started: float = 0.0
     """Wall clock (Unix), for the figures."""
     began: float = 0.0
@@ -259,43 +244,32 @@ class DriftReconciler:
         now = self.clock()
         current = self._pass
         if current is None or now - current.last_step > STALE_SECONDS:
-            current = self._pass = _Pass(started=self.wall(), began=now)
+            pager = Pager(
+                self.api,
+                "/api/v1/pods",
+                {"fieldSelector": POD_FIELD_SELECTOR},
+                page_size=self.page_size,
+                page_bytes=self.page_bytes,
+            )
+            current = self._pass = _Pass(pager, started=self.wall(), began=now)
         current.last_step = now
-        query = {"fieldSelector": POD_FIELD_SELECTOR, "limit": str(self._limit(current))}
-        if current.token:
-            query["continue"] = current.token
         try:
-            response = self.api.request("GET", "/api/v1/pods", query=query, timeout=LIST_TIMEOUT)
-        except (OSError, HTTPError) as error:  # the apiserver unreachable
+            pods = current.pager.next(LIST_TIMEOUT)
+        except (OSError, HTTPError, ApiError) as error:  # the apiserver unreachable, or refusing
             self._abandon(f"GET /api/v1/pods: {error}")
-        if not response.ok:
-            self._abandon(f"GET /api/v1/pods: {response.message()}")
-        items = response.body.get("items") or []
         found_at = datetime.fromtimestamp(self.wall(), UTC)
-        pods = [item for item in items if isinstance(item, dict)]
-        for pod in pods:
-            current.largest = max(current.largest, len(orjson.dumps(pod)))
         # Recurring windows and budget periods are read in their time zones.
         zoned = Overlay(view, {ZONES_INDEX: ZONES})
         for finding in findings(self.engine, pods, zoned, current.tally, opted_out_in(view), at):
             self.emit(drift_event(finding, found_at))
-        del items, pods  # the page goes before the next is read
-        metadata: Any = response.body.get("metadata") or {}
-        current.token = (metadata.get("continue") or "") if isinstance(metadata, dict) else ""
-        if current.token:
+        del pods  # the page goes before the next is read
+        if not current.pager.done:
             return False
         self._pass = None
         seconds = self.clock() - current.began
         self.metrics.publish(current.tally, seconds, self.wall())
         log.info("%s in %.1f s", current.tally.summary(), seconds)
         return True
-
-    def _limit(self, current: _Pass) -> int:
-        """Pods to ask for: as many as fit ``page_bytes`` at the largest size seen (a few at
-        first), at most ``page_size``."""
-        if not current.largest:
-            return min(FIRST_PAGE, self.page_size)
-        return max(1, min(self.page_size, self.page_bytes // current.largest))
 
     def _abandon(self, why: str) -> NoReturn:
         self._pass = None

@@ -52,6 +52,7 @@ from function.core.leases import (
 from function.core.mutators.base import Action, RequestContext
 from function.core.mutators.gpu_leases import NAME as GPU_LEASES
 from function.core.mutators.gpu_leases import GpuLeases, namespace_leases
+from function.core.mutators.spot import NAMESPACES, NamespaceRecord
 from function.core.pod import Owner, Pod, annotations_of, controller_of, labels_of, metadata_of
 from function.core.view import FINISHED_PHASES, PODS, ClusterView, Overlay
 
@@ -339,6 +340,15 @@ def opted_out_namespaces(namespaces: Iterable[Mapping[str, Any]]) -> frozenset[s
         if isinstance(labels, Mapping) and labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             names.add(_text(metadata.get("name")))
     return frozenset(names)
+
+
+def opted_out_in(view: ClusterView) -> frozenset[str]:
+    """The namespaces labelled ``castops.io/webhook: ignore``, from a view's Namespaces index."""
+    return frozenset(
+        record.name
+        for record in view.index(NAMESPACES.index).values()
+        if isinstance(record, NamespaceRecord) and (OPT_OUT_LABEL, OPT_OUT_VALUE) in record.labels
+    )
 
 
 def findings(

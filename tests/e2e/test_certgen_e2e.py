@@ -20,7 +20,7 @@ import pytest
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.identity import create, token_kubeconfig
 from tests.e2e.launch import CASTSLICE, EventLog, ServedWebhook, start_event_sink
-from tests.support.manifests import KNATIVE_DIR, render_overlay
+from tests.support.manifests import KNATIVE_DIR, one, render, render_overlay
 from tests.support.processes import free_port
 
 NAMESPACE = "castslice-system"
@@ -28,6 +28,7 @@ SECRET = "castslice-serving-tls"
 WORKLOAD_NAMESPACE = "certgen-e2e"
 CONFIGURATION = "castslice"
 """The name the component's RBAC lets certgen patch (the rendered registration's)."""
+LEASES_CONFIGURATION = "castslice-gpuleases"
 RBAC_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
@@ -63,6 +64,13 @@ def registered(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> I
                 {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [WORKLOAD_NAMESPACE]}
             )
         create(api, configuration)
+        # The GpuLease validating webhook, as components/gpu-leases ships it (failurePolicy Fail:
+        # a caBundle left empty refuses every GpuLease), with no caBundle yet either.
+        leases = one(render(KNATIVE_DIR / "components" / "gpu-leases"), "ValidatingWebhookConfiguration")
+        for hook in leases["webhooks"]:
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate/gpuleases"}
+            hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": WORKLOAD_NAMESPACE}}
+        create(api, leases)
     yield {"port": port, "configuration": configuration}
     with control_plane.api_client() as api:
         admission, rbac, core = (
@@ -71,6 +79,7 @@ def registered(control_plane: ControlPlane, rendered: list[dict[str, Any]]) -> I
             client.CoreV1Api(api),
         )
         admission.delete_mutating_webhook_configuration(CONFIGURATION)
+        admission.delete_validating_webhook_configuration(LEASES_CONFIGURATION)
         core.delete_namespaced_secret(SECRET, NAMESPACE)
         for obj in created:
             name, kind = obj["metadata"]["name"], obj["kind"]
@@ -116,6 +125,9 @@ def test_certgen_creates_the_secret_patches_the_ca_and_the_apiserver_trusts_the_
     )
     assert f"mutatingwebhookconfiguration/{CONFIGURATION}: caBundle patched (1 of 1 webhooks)" in lines
     assert "validatingwebhookconfiguration/castslice-podmutations: not found, skipped" in lines
+    assert (
+        f"validatingwebhookconfiguration/{LEASES_CONFIGURATION}: caBundle patched (1 of 1 webhooks)" in lines
+    )
 
     with control_plane.api_client() as api:
         secret = client.CoreV1Api(api).read_namespaced_secret(SECRET, NAMESPACE)
@@ -123,6 +135,11 @@ def test_certgen_creates_the_secret_patches_the_ca_and_the_apiserver_trusts_the_
     assert secret.type == "kubernetes.io/tls"
     files = {key: base64.b64decode(value) for key, value in secret.data.items()}
     assert stored.webhooks[0].client_config.ca_bundle == base64.b64encode(files["ca.crt"]).decode()
+    with control_plane.api_client() as api:
+        leases = client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
+            LEASES_CONFIGURATION
+        )
+    assert leases.webhooks[0].client_config.ca_bundle == base64.b64encode(files["ca.crt"]).decode()
     for key, value in files.items():
         (tmp_path / key).write_bytes(value)
 

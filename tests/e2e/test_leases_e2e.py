@@ -10,8 +10,11 @@ over-admission of each round (``-s``) and keeps it as test properties (``--junit
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -70,6 +73,7 @@ NODES = (
 CONFIG: dict[str, Any] = {
     "gpuSlicing": {"enabled": False},
     "gpuLeases": {"enabled": True, "sharedReplicas": 4},
+    "drift": {"intervalSeconds": 10},  # the least: drift passes while the module runs
 }
 FAST_ELECTION = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
 
@@ -383,6 +387,198 @@ def test_invalid_leases_are_refused_naming_the_fields(leases: dict[str, Any]) ->
             GROUP, VERSION, ONE, PLURAL, "fixed", {"spec": {"gpuModel": A100}}
         )
     assert "immutable" in str(refused.value.body)
+
+
+def test_a_poison_lease_is_refused_naming_the_field(leases: dict[str, Any]) -> None:
+    """Values no reader can compute with are refused by the apiserver itself (schema, CEL)."""
+    from kubernetes.client import ApiException
+
+    poison = [
+        ({"duration": "87600000h"}, "spec.duration"),
+        ({"window": {"end": "9999-12-31T23:59:59Z"}}, "spec.window.end"),
+        ({"window": {"start": "9999-01-01T00:00:00Z"}}, "spec.window.start"),
+        ({"onExpiry": {"action": "Evict", "gracePeriodSeconds": 10**12}}, "spec.onExpiry.gracePeriodSeconds"),
+        ({"priority": 2**40}, "spec.priority"),
+    ]
+    for spec, field in poison:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GpuLease",
+            "metadata": {"name": "poison"},
+            "spec": {"gpuModel": H100, "count": 1, **spec},
+        }
+        with pytest.raises(ApiException) as refused:
+            leases["custom"].create_namespaced_custom_object(GROUP, VERSION, ONE, PLURAL, body)
+        assert refused.value.status == 422 and field in str(refused.value.body), (field, refused.value.body)
+
+
+def etcd_put(plane: ControlPlane, key: str, obj: dict[str, Any]) -> None:
+    """Write ``obj`` under ``key`` straight into etcd (its JSON gateway): no admission, no schema."""
+    import base64
+    import json
+
+    body = json.dumps(
+        {
+            "key": base64.b64encode(key.encode()).decode(),
+            "value": base64.b64encode(json.dumps(obj).encode()).decode(),
+        }
+    ).encode()
+    request = urllib.request.Request(f"{plane.etcd_url}/v3/kv/put", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_a_poison_lease_written_straight_to_etcd_is_reported_and_every_other_lease_still_holds(
+    leases: dict[str, Any],
+) -> None:
+    """Validation bypassed: the lease is in the store with a duration of 10,000 years. The watches
+    go on (a lease created after it is enforced by every serving process), nothing is charged to
+    it, the controller reports it, and deleting it is all it takes (no restart)."""
+    from kubernetes.client import ApiException
+
+    poison = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GpuLease",
+        "metadata": {
+            "name": "poison",
+            "namespace": TWO,
+            "uid": "5e1f2b0c-0000-4000-8000-00000000beef",
+            "creationTimestamp": stamp(now()),
+            "generation": 1,
+        },
+        "spec": {"gpuModel": H100, "count": 2, "duration": "87600000h",
+                 "podSelector": {"matchLabels": {"team": "poison"}}},
+    }  # fmt: skip
+    etcd_put(leases["plane"], f"/registry/{GROUP}/{PLURAL}/{TWO}/poison", poison)
+
+    def reported() -> dict[str, Any] | None:
+        status = lease_status(leases, TWO, "poison")
+        valid = next((c for c in status.get("conditions") or () if c["type"] == "Valid"), {})
+        return status if status.get("phase") == "Invalid" and valid.get("status") == "False" else None
+
+    status = eventually(reported, 30, "the poison lease reported Invalid")
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert "spec.duration" in valid["message"]
+    told = leases["core"].list_namespaced_event(TWO, field_selector="involvedObject.name=poison").items
+    assert [e.reason for e in told if e.involved_object.kind == "GpuLease"] == ["Invalid"]
+    leader = leases["controllers"][holder(leases["plane"])]
+    assert (
+        leader.metric(f'castslice_gpulease_invalid{{lease="poison",model="{H100}",namespace="{TWO}"}}') == 1.0
+    )
+    # Every other lease still enforced, by both serving processes behind the route of TWO.
+    create_lease(leases, TWO, "after-poison", count=1, podSelector={"matchLabels": {"team": "after"}})
+    create_pod(leases, TWO, gpu_pod("after-1", 1, labels={"team": "after"}))
+    for _ in range(4):  # each new connection may reach the other process
+        assert "LeaseExhausted" in denial(leases, TWO, gpu_pod("after-2", 1, labels={"team": "after"}), True)
+    assert "NoMatchingLease" in denial(leases, TWO, gpu_pod("poisoned-1", 1, labels={"team": "poison"}), True)
+    for server in leases["servers"]:
+        with urllib.request.urlopen(server.url + "/readyz", context=server.context, timeout=5) as answer:
+            assert answer.status == 200
+    leases["custom"].delete_namespaced_custom_object(GROUP, VERSION, TWO, PLURAL, "poison")
+
+    def gone() -> bool:
+        try:
+            get_lease(leases, TWO, "poison")
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    eventually(gone, 30, "the poison lease deleted")
+
+
+def test_an_apply_after_the_lease_was_deleted_creates_nothing(leases: dict[str, Any]) -> None:
+    """The controller's finalizer apply names the lease's uid: one that arrives after the lease is
+    gone is refused, never a new lease (nor a 422 retried forever)."""
+    from kubernetes.client import ApiException
+
+    from function.control.reconcilers.gpu_leases import LeaseReconciler
+    from function.core.leases import slim_lease
+    from function.kube.client import kube_client
+
+    created = create_lease(leases, ONE, "short-lived", count=1, podSelector={"matchLabels": {"team": "none"}})
+    record = slim_lease(created)
+    assert record is not None
+    leases["custom"].patch_namespaced_custom_object(
+        GROUP, VERSION, ONE, PLURAL, "short-lived", {"metadata": {"finalizers": None}}
+    )
+    leases["custom"].delete_namespaced_custom_object(GROUP, VERSION, ONE, PLURAL, "short-lived")
+    eventually(
+        lambda: (
+            leases["plane"].get(f"/apis/{GROUP}/{VERSION}/namespaces/{ONE}/{PLURAL}/short-lived")[0] == 404
+        ),
+        30,
+        "the lease gone",
+    )
+    api = kube_client(kubeconfig=str(leases["plane"].kubeconfig))
+    LeaseReconciler(api)._apply_finalizer(record, keep=True)  # no error: refused, not created
+    with pytest.raises(ApiException) as missing:
+        get_lease(leases, ONE, "short-lived")
+    assert missing.value.status == 404
+
+
+def test_drift_names_exactly_the_uncharged_pods_controller_cli_and_doctor_alike(
+    leases: dict[str, Any], tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """GPU Pods of a leased namespace that skipped the webhook (opted out, Pod by Pod) are what the
+    controller's drift reconciler, `castslice audit drift` and `castslice doctor` name, and nothing
+    else (the charged ones are not drift)."""
+    create_lease(leases, ONE, "drift", count=4, podSelector={"matchLabels": {"team": "drift"}})
+    create_pod(leases, ONE, gpu_pod("drift-charged", 1, labels={"team": "drift"}))
+    skipped = ["drift-skipped-1", "drift-skipped-2"]
+    for name in skipped:
+        create_pod(leases, ONE, gpu_pod(name, 1, labels={"team": "drift", "castops.io/webhook": "ignore"}))
+    stored = leases["core"].read_namespaced_pod("drift-skipped-1", ONE)
+    assert "castops.io/gpu-lease" not in (stored.metadata.labels or {})  # the webhook never saw it
+    expected = sorted(f"{ONE}/{name}" for name in skipped)
+    began = time.time()
+
+    # The controller: a pass that started after the Pods were created names them (CloudEvents).
+    def controller_found() -> list[str]:
+        found = set()
+        for event in list(leases["events"].events):
+            headers = event["headers"]
+            if headers.get("ce-type") != "io.castops.castslice.drift.found.v1":
+                continue
+            if datetime.fromisoformat(headers["ce-time"].replace("Z", "+00:00")).timestamp() < began:
+                continue
+            data = json.loads(event["body"])
+            if data.get("uncharged"):
+                found.add(f"{data['namespace']}/{data['name']}")
+        return sorted(found)
+
+    by_controller = eventually(lambda: controller_found() if len(controller_found()) >= 2 else None, 60,
+                               "the controller's drift pass")  # fmt: skip
+    leader = leases["controllers"][holder(leases["plane"])]
+    gauge = f'castslice_drift_pods{{mutator="gpu-leases",namespace="{ONE}"}}'
+    eventually(lambda: leader.metric(gauge) == 2.0, 60, "the drift figure of the leased namespace")
+    # The CLI, on what kubectl prints.
+    state = kubectl(leases["plane"], "get", "pods,replicasets,namespaces,gpuleases", "-A", "-o", "yaml")
+    assert state.returncode == 0, state.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    cli = subprocess.run(
+        [CASTSLICE, "audit", "drift", "--cluster", "-", "--config", str(config), "-o", "json"],
+        input=state.stdout, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 1, cli.stderr
+    by_cli = sorted(f"{p['namespace']}/{p['name']}" for p in json.loads(cli.stdout)["pods"] if p["uncharged"])
+    # Doctor, on the cluster.
+    doctor = subprocess.run(
+        [CASTSLICE, "doctor", "--kubeconfig", str(leases["plane"].kubeconfig), "-n", SYSTEM,
+         "--webhook", "e2e-leases-one", "--config", str(config), "--probe-namespace", ONE],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    drift_line = next(line for line in doctor.stdout.splitlines() if line[6:].startswith("drift:"))
+    by_doctor = sorted(re.findall(r"[\w-]+/drift-skipped-\d", drift_line))
+    in_module = [name for name in by_cli if name.split("/")[0] in (ONE, TWO, QUEUE)]
+    record_property("controller", by_controller)
+    record_property("cli", in_module)
+    record_property("doctor", drift_line)
+    assert in_module == expected
+    assert [n for n in by_controller if n.split("/")[0] in (ONE, TWO, QUEUE)] == expected
+    assert by_doctor == expected and f"{len(by_cli)} of " in drift_line
+    for name in ["drift-charged", *skipped]:
+        leases["core"].delete_namespaced_pod(name, ONE, grace_period_seconds=0)
 
 
 # -- the controller ----------------------------------------------------------------------------------
