@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.imports import circles, edges_to
+from tests.support.imports import circles, edges_to, imported_from, module_name, package_of
 
 FUNCTION = Path(__file__).resolve().parent.parent / "function"
 ROOT = FUNCTION.parent
@@ -91,11 +91,6 @@ def modules_under(folder: str) -> list[Path]:
     return sorted((FUNCTION / folder).rglob("*.py"))
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(FUNCTION.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def is_project_module(name: str) -> bool:
     path = FUNCTION.parent.joinpath(*name.split("."))
     return name.startswith("function.") and (path.is_dir() or path.with_suffix(".py").is_file())
@@ -109,12 +104,7 @@ def imports_of(tree: ast.Module, package: str) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
+            module = imported_from(node, package)
             submodules = [f"{module}.{a.name}" for a in node.names if is_project_module(f"{module}.{a.name}")]
             for name in submodules or [module]:
                 yield node.lineno, name
@@ -135,11 +125,9 @@ def under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 def parsed(path: Path) -> tuple[ast.Module, str, str]:
     """The module's syntax tree, its package, and its path as a breach names it."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     return (
         ast.parse(path.read_text(encoding="utf-8"), str(path)),
-        package,
+        package_of(path, ROOT),
         str(path.relative_to(FUNCTION.parent)),
     )
 
@@ -296,11 +284,11 @@ RULES, NEVER = import_rules(README)
 def test_every_module_keeps_to_its_row_of_the_import_table() -> None:
     assert len(RULES) >= 13  # the table was read: eight folders, five modules
     paths = sorted(FUNCTION.rglob("*.py"))
-    assert [str(path) for path in paths if unit_of(module_name(path), RULES) not in RULES] == []
+    assert [str(path) for path in paths if unit_of(module_name(path, ROOT), RULES) not in RULES] == []
     found = []
     for path in paths:
         tree, package, where = parsed(path)
-        found += rule_breaches(tree, package, where, unit_of(module_name(path), RULES), RULES)
+        found += rule_breaches(tree, package, where, unit_of(module_name(path, ROOT), RULES), RULES)
     assert found == []
 
 
@@ -342,8 +330,8 @@ def test_what_the_table_says_a_folder_never_imports_it_does_not_allow() -> None:
 )
 def test_a_module_importing_what_its_row_does_not_name_is_named(where: str, source: str, caught: str) -> None:
     path = FUNCTION / where
-    unit = unit_of(module_name(path), RULES)
-    package = module_name(path).rsplit(".", 1)[0]
+    unit = unit_of(module_name(path, ROOT), RULES)
+    package = package_of(path, ROOT)
     [breach] = rule_breaches(ast.parse(source), package, f"function/{where}", unit, RULES)
     assert breach.startswith(f"function/{where}:") and caught in breach
 
@@ -361,8 +349,8 @@ def test_a_module_importing_what_its_row_does_not_name_is_named(where: str, sour
 )
 def test_what_a_row_names_may_be_imported(where: str, source: str) -> None:
     path = FUNCTION / where
-    package = module_name(path).rsplit(".", 1)[0]
-    unit = unit_of(module_name(path), RULES)
+    package = package_of(path, ROOT)
+    unit = unit_of(module_name(path, ROOT), RULES)
     assert rule_breaches(ast.parse(source), package, f"function/{where}", unit, RULES) == []
 
 
@@ -460,7 +448,7 @@ def static_edges(sources: Iterable[tuple[str, ast.Module, str]]) -> set[tuple[st
 
 
 def function_sources() -> list[tuple[str, ast.Module, str]]:
-    return [(module_name(path), *parsed(path)[:2]) for path in sorted(FUNCTION.rglob("*.py"))]
+    return [(module_name(path, ROOT), *parsed(path)[:2]) for path in sorted(FUNCTION.rglob("*.py"))]
 
 
 def test_no_circle_among_the_modules_with_the_imports_inside_functions() -> None:

@@ -19,16 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.imports import imported_from, package_of
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 NAMED_FOR_HOW_FOUND = ("_answers", "_mutants")
 """Endings of a test module's name that say how its tests were found, not what they guard."""
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_modules(tree: ast.Module, package: str) -> Iterator[tuple[int, str]]:
@@ -39,12 +36,7 @@ def imported_modules(tree: ast.Module, package: str) -> Iterator[tuple[int, str]
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
+            module = imported_from(node, package)
             yield node.lineno, module
             for alias in node.names:
                 yield node.lineno, f"{module}.{alias.name}"
@@ -59,8 +51,7 @@ def is_test_module(name: str) -> bool:
 
 def imports_of_test_modules(source: str, path: Path) -> list[str]:
     """How one module under tests/ imports a test module, as ``file:line: what``."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    package = package_of(path, ROOT)
     where = str(path.relative_to(ROOT))
     return [
         f"{where}:{line}: imports the test module {module} (share it from a support module)"
@@ -82,18 +73,13 @@ def test_no_module_of_the_suite_imports_a_test_module() -> None:
 
 def private_imports_from_the_suite(source: str, path: Path) -> list[str]:
     """How one module under tests/ imports a private name of another module of the suite."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    package = package_of(path, ROOT)
     where = str(path.relative_to(ROOT))
     found = []
     for node in ast.walk(ast.parse(source, where)):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level:
-            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-            module = ".".join([*base, node.module] if node.module else base)
-        else:
-            module = node.module or ""
+        module = imported_from(node, package)
         if module.split(".")[0] != "tests":
             continue
         found += [

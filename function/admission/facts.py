@@ -17,7 +17,7 @@ from typing import Any
 
 from function.admission.wire import AdmissionReview
 from function.core.engine import Decision
-from function.core.json_patch import Operation
+from function.core.json_patch import Operation, strings_in
 from function.core.pod import CONTAINER_LISTS, first_owner, metadata_of
 
 
@@ -167,18 +167,6 @@ def may_carry_secrets(patch: Sequence[Operation]) -> bool:
     return False
 
 
-def _strings(value: Any, found: set[str]) -> set[str]:
-    if isinstance(value, str):
-        found.add(value)
-    elif isinstance(value, dict):
-        for member in value.values():
-            _strings(member, found)
-    elif isinstance(value, list):
-        for member in value:
-            _strings(member, found)
-    return found
-
-
 def secrets_in_patch(patch: Sequence[Operation], pod: Any) -> frozenset[str]:
     """The Pod's secret strings (``secret_strings``) that ``patch`` carries anywhere in its values."""
     if not may_carry_secrets(patch):
@@ -189,5 +177,5 @@ def secrets_in_patch(patch: Sequence[Operation], pod: Any) -> frozenset[str]:
     carried: set[str] = set()
     for op in patch:
         if "value" in op:
-            _strings(op["value"], carried)
+            strings_in(op["value"], carried)
     return frozenset(secrets & carried)

@@ -84,6 +84,20 @@ def copy_json(value: Any) -> Any:
     return marshal.loads(marshal.dumps(value))
 
 
+def strings_in(value: Any, found: set[str]) -> set[str]:
+    """Adds every string of JSON-shaped ``value`` (its members' at any depth, keys aside) to
+    ``found``, and returns it."""
+    if isinstance(value, str):
+        found.add(value)
+    elif isinstance(value, dict):
+        for member in value.values():
+            strings_in(member, found)
+    elif isinstance(value, list):
+        for member in value:
+            strings_in(member, found)
+    return found
+
+
 def diff(old: Any, new: Any, path: str = "") -> list[Operation]:
     """Operations turning ``old`` into ``new``: removes before adds within an object, whole-list
     replacement unless the list only grew or shrank at its end. Each subtree is compared as JSON

@@ -246,8 +246,10 @@ print(json.dumps(figures))
 
 
 def in_process_of(checkout: Path) -> dict[str, float]:
-    """``in_process`` for the code of another checkout (its own function/ package, this run's
-    review bodies), in a process of its own."""
+    """Microseconds of CPU per review through WebhookHttp (parse, engine, proof, rules, audit
+    event built; its delivery dropped), best of 7 batches, for the code of ``checkout`` (its own
+    function/ package, this run's review bodies) in a process of its own: this checkout's and
+    another's are measured by the same code."""
     import json
 
     bodies = json.dumps({kind: str(path) for kind, path in BODIES.items()})
@@ -276,30 +278,6 @@ def compare_in_process(before: Path, rounds: int) -> None:
     for name, label in (("before", str(before)), ("this", str(ROOT))):
         best = {kind: min(run[kind] for run in runs[name]) for kind in BODIES}
         print(f"  {label}: " + ", ".join(f"{kind} {micros:.0f} us" for kind, micros in best.items()))
-
-
-def in_process() -> dict[str, float]:
-    """Microseconds of CPU per review through WebhookHttp (parse, engine, proof, rules, audit
-    event built; its delivery dropped), best of 7 batches."""
-    sys.path.insert(0, str(ROOT))
-    from function.serve.app import build_webhook
-
-    webhook = build_webhook(environ={})
-    sender = webhook.admission.recorder.sender  # type: ignore[attr-defined]
-    sender.submit = lambda event: None  # built as served; not delivered, no sink thread competing
-    figures = {}
-    for kind, path in BODIES.items():
-        body = path.read_bytes()
-        for _ in range(300):
-            webhook.handle("POST", "/mutate", body)
-        batches = []
-        for _ in range(7):
-            started = time.process_time()
-            for _ in range(500):
-                webhook.handle("POST", "/mutate", body)
-            batches.append((time.process_time() - started) / 500 * 1e6)
-        figures[kind] = min(batches)
-    return figures
 
 
 def serve(
@@ -428,7 +406,7 @@ def main() -> int:
     if two_cores:
         os.sched_setaffinity(0, {1})  # this process hosts the test sink: keep it off the server's CPU
 
-    costs = in_process()
+    costs = in_process_of(ROOT)
     sink_url, _sink = start_sink(args.sink)  # _sink keeps the sink's sockets alive until exit
     base_env = {**os.environ, "WORKERS": "1", "HOME": os.environ.get("HOME", tempfile.gettempdir())}
     base_env.pop("K_SINK", None)

@@ -6,28 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 import pytest
 
 from function.core.config import Config
 from function.core.engine import Engine, MutatorLied, NotConverged
 from function.core.mutators.base import Action, MutatorResult, RequestContext
+from tests.core.support import exact, pod
 
 REQUEST = RequestContext(uid="u1", namespace="default")
-
-
-def pod() -> dict[str, Any]:
-    """A fresh Pod each time (no test can leak into another through a shared one)."""
-    return {
-        "kind": "Pod",
-        "metadata": {"name": "p", "labels": {"app": "a"}, "annotations": {"x": "1"}},
-        "spec": {"containers": [{"name": "c", "image": "i"}], "priority": 1},
-    }
-
-
-def exact(value: Any) -> tuple[bytes, str]:
-    """What must not change about an original: its JSON with key order, and its types (repr)."""
-    return orjson.dumps(value), repr(value)
 
 
 class Step:

@@ -8,7 +8,6 @@ import copy
 from typing import Any
 
 import jsonpatch
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,20 +23,7 @@ from function.core.json_patch import (
     quick_changes,
     same,
 )
-
-
-def pod() -> dict[str, Any]:
-    """A fresh Pod each time (no test can leak into another through a shared one)."""
-    return {
-        "kind": "Pod",
-        "metadata": {"name": "p", "labels": {"app": "a"}, "annotations": {"x": "1"}},
-        "spec": {"containers": [{"name": "c", "image": "i"}], "priority": 1},
-    }
-
-
-def exact(value: Any) -> tuple[bytes, str]:
-    """What must not change about a value: its JSON with key order, and its types (repr)."""
-    return orjson.dumps(value), repr(value)
+from tests.core.support import exact, pod
 
 
 def reorder_metadata(pod: dict[str, Any]) -> None:

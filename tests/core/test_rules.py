@@ -21,14 +21,7 @@ from function.core.rules import (
     is_extended_resource,
     placement_fields,
 )
-
-
-def pod() -> dict[str, Any]:
-    return {
-        "kind": "Pod",
-        "metadata": {"name": "p", "labels": {"app": "a"}, "annotations": {"x": "1"}},
-        "spec": {"containers": [{"name": "c", "image": "i"}], "priority": 1},
-    }
+from tests.core.support import pod
 
 
 def patched(original: dict[str, Any], *operations: dict[str, Any]) -> Any:

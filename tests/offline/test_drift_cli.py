@@ -3,16 +3,14 @@ which mutator would change what, and exit codes as ``kubectl diff``'s (0 none, 1
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from function import cli
+from tests.support.cli import run
 
 RS_UID = "0b6c0d5e-rs"
 SPOT_CONFIG = {"spot": {"enabled": True, "spotPercentageOfReplicaSet": 50}}
@@ -86,15 +84,6 @@ def state() -> dict[str, Any]:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}},
     ]
     return {"apiVersion": "v1", "kind": "List", "items": items}
-
-
-def run(monkeypatch: pytest.MonkeyPatch, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
-    return cli.main(list(args)), out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -7,29 +7,18 @@ Helm-rendered document keeps the lines the change did not touch."""
 from __future__ import annotations
 
 import difflib
-import io
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from function import cli
 from function.offline.discovery import find_pods, seen_owner
 from function.offline.manifests import describe_name, owned_pod
 from tests.support import ROOT
+from tests.support.cli import run
 
 WORKLOADS = ROOT / "tests" / "data" / "workloads"
-
-
-def run(monkeypatch: pytest.MonkeyPatch, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    monkeypatch.delenv("CASTSLICE_CONFIG", raising=False)
-    return cli.main(list(args)), out.getvalue(), err.getvalue()
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:

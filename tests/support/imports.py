@@ -21,6 +21,7 @@ under the directory ROOT):
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import functools
@@ -34,13 +35,30 @@ from pathlib import Path
 from typing import Any
 
 
+def module_name(path: Path, root: Path) -> str:
+    """``ROOT/a/b/c.py`` -> ``a.b.c``; ``ROOT/a/b/__init__.py`` -> ``a.b``."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(path: Path, root: Path) -> str:
+    """The package the module's relative imports start from (a package's own, for its __init__)."""
+    name = module_name(path, root)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from X import ...`` in a module of ``package`` names."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def module_names(root: Path, package: str) -> list[str]:
     base = root / package.replace(".", "/")
-    names = []
-    for path in sorted(base.rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+    return [module_name(path, root) for path in sorted(base.rglob("*.py"))]
 
 
 def record(root: Path, package: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from function.core.json_patch import copy_json
+from function.core.json_patch import copy_json, strings_in
 from function.core.placement import (
     CASTAI,
     DECISION_ANNOTATION,
@@ -28,6 +28,7 @@ from function.core.placement import (
     apply_spot_mode,
     partial_split,
 )
+from function.core.pod import CONTAINER_LISTS
 from function.core.podmutation.compiled import CompiledMutation, Group
 from function.core.podmutation.jsonpatch_ext import CompiledOperation, apply_sequence
 from function.core.podmutation.names import MARK_ANNOTATION
@@ -222,11 +223,11 @@ def _run_sequences(
             done.changes.append(f"{label} ({len(outcome.applied)} ops)")
             for source, value in outcome.copied:
                 if _holds_containers(source):
-                    _strings_in(value, done.copied)
+                    strings_in(value, done.copied)
     return pod
 
 
-_CONTAINER_LISTS = ("/spec/containers", "/spec/initContainers", "/spec/ephemeralContainers")
+_CONTAINER_LISTS = tuple(f"/spec/{kind}" for kind in CONTAINER_LISTS)
 """Where env values, commands and args live: what a copy takes from there may be a secret."""
 
 
@@ -236,17 +237,6 @@ def _holds_containers(source: str) -> bool:
         source == where or source.startswith(where + "/") or where.startswith(source + "/")
         for where in _CONTAINER_LISTS
     )
-
-
-def _strings_in(value: Any, found: set[str]) -> None:
-    if isinstance(value, str):
-        found.add(value)
-    elif isinstance(value, dict):
-        for member in value.values():
-            _strings_in(member, found)
-    elif isinstance(value, list):
-        for member in value:
-            _strings_in(member, found)
 
 
 def _is_template(pod: dict[str, Any]) -> bool:
