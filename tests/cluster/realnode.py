@@ -107,6 +107,9 @@ def _run(*args: str, env: dict[str, str] | None = None, check: bool = True) -> s
     return done.stdout
 
 
+OTHER_ENGINES_MOUNTS = ("/var/lib/containers/", "/run/containers/", "/var/lib/docker/")
+
+
 @dataclass(frozen=True)
 class HostState:
     """What the node may change on the host, as found: compared before and after a run."""
@@ -142,7 +145,14 @@ class HostState:
             sysctls={name: _read_sysctl(name) for name in SYSCTLS},
             iptables=rules("iptables-save"),
             ip6tables=rules("ip6tables-save"),
-            mounts=tuple(sorted(line.split()[1] for line in Path("/proc/mounts").read_text().splitlines())),
+            # Not other container engines' (a podman build mounts and unmounts its layers at any time).
+            mounts=tuple(
+                sorted(
+                    mount
+                    for mount in (line.split()[1] for line in Path("/proc/mounts").read_text().splitlines())
+                    if not mount.startswith(OTHER_ENGINES_MOUNTS)
+                )
+            ),
             paths={str(p): p.exists() for p in KUBELET_OUTSIDE_PATHS},
             # Only the node's own: other jobs (podman builds) add and remove veths at any time.
             links=tuple(sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name == BRIDGE)),
