@@ -11,11 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from function.control.drift import DriftMetrics
 from function.control.reconcilers.dra_templates import TemplateReconciler
+from function.control.reconcilers.gpu_inventory import InventoryReconciler
 from function.control.reconcilers.gpu_leases import LeaseMetrics
 from function.control.runner import ControlMetrics
 from function.core.dra import DraConfig
 from function.kube.watch import ViewMetrics
 from tests.support import ROOT, asgi_client
+from tests.support.fake_api import FakeApi
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
@@ -39,6 +41,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     LeaseMetrics(registry)
     DriftMetrics(registry)
     TemplateReconciler(DraConfig(), (), api=None).register(registry)  # type: ignore[arg-type]
+    InventoryReconciler(FakeApi(), "nvidia.com/gpu.product").register(registry)
     return families(webhook.text) | families(generate_latest(registry).decode())
 
 

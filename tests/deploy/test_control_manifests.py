@@ -130,7 +130,7 @@ def served_config(objs: list[dict[str, Any]]) -> Any:
 
 def test_cluster_rules_equal_what_the_reconcilers_watch_and_write(objs: list[dict[str, Any]]) -> None:
     reconcilers = build_reconcilers(served_config(objs), FakeApi())
-    assert [r.name for r in reconcilers] == ["gpu-leases", "drift"]
+    assert [r.name for r in reconcilers] == ["gpu-leases", "gpu-inventory", "drift"]
     assert bound_rules(objs, "ClusterRoleBinding") == control_rbac_rules(reconcilers), (
         "knative/components/controller/rbac.yaml must grant exactly control_rbac_rules of the "
         "reconcilers it runs"

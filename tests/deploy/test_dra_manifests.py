@@ -86,19 +86,10 @@ def test_the_controller_is_granted_exactly_what_its_reconcilers_watch_and_write(
         update={"gpuLeases": config.section("gpuLeases").model_copy(update={"enabled": True})}
     )
     reconcilers = build_reconcilers(config, FakeApi())
-    assert [r.name for r in reconcilers] == ["gpu-leases", "dra-templates", "drift"]
-    # components/controller grants what the shipped configuration's drift reconciler watches, the
-    # Nodes of GPU slicing's requireAdvertisedTarget included: list+watch on them is the one grant
-    # a dra configuration leaves unused (its claims are checked against the templates).
-    verbs_of = {
-        (group, resource): set(rule["verbs"])
-        for rule in control_rbac_rules(reconcilers)
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
-    assert ("", "nodes") not in verbs_of
-    verbs_of[("", "nodes")] = {"list", "watch"}
-    assert controller_rules(objs) == rules_of(verbs_of)
+    assert [r.name for r in reconcilers] == ["gpu-leases", "gpu-inventory", "dra-templates", "drift"]
+    # The Nodes are watched whatever the backend: by the inventory reconciler (the GPUs per model),
+    # and by the drift reconciler for GPU slicing's requireAdvertisedTarget.
+    assert controller_rules(objs) == control_rbac_rules(reconcilers)
 
 
 def test_without_dra_controller_the_controller_cannot_touch_templates(tmp_path: Path) -> None:

@@ -221,17 +221,20 @@ def webhook_metrics() -> Iterator[str]:
 
 
 def controller_metrics() -> str:
-    """What the controller process registers on its /metrics: the runner's, the lease
-    reconciler's and the drift reconciler's series."""
+    """What the controller process registers on its /metrics: the runner's, the lease, inventory
+    and drift reconcilers' series."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from function.control.drift import DriftMetrics
+    from function.control.reconcilers.gpu_inventory import InventoryReconciler
     from function.control.reconcilers.gpu_leases import LeaseMetrics
     from function.control.runner import ControlMetrics
+    from tests.support.fake_api import FakeApi
 
     registry = CollectorRegistry()
     ControlMetrics(registry)
     LeaseMetrics(registry)
+    InventoryReconciler(FakeApi(), "nvidia.com/gpu.product").register(registry)
     DriftMetrics(registry)
     return generate_latest(registry).decode()
 

@@ -40,7 +40,7 @@ H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200-141GB-HBM3e"
 TAINT = "castslice.test/lease-time"
 ROUTE = "castslice-e2e-lease-time"
 SYSTEM = "lease-time-system"
-BUDGET, WINDOW, QUEUE = "time-budget", "time-window", "time-queue"
+BUDGET, WINDOW, QUEUE, INVENTORY = "time-budget", "time-window", "time-queue", "time-inventory"
 GROUP, VERSION, PLURAL = "castops.io", "v1alpha1", "gpuleases"
 ENDS = "castops.io/gpu-lease-ends"
 QUEUED_CONDITION = "castops.io/GpuLeaseQueued"
@@ -111,7 +111,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     )
     registration.create_validating_webhook_configuration(validating)
     core.create_namespace({"metadata": {"name": SYSTEM}})
-    for namespace in (BUDGET, WINDOW, QUEUE):
+    for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY):
         plane.create_namespace(namespace, labels={ROUTE: "yes"})
     config_path = plane.workdir / "castslice-control-lease-time.yaml"
     config_path.write_text(yaml.safe_dump(CONFIG))
@@ -136,7 +136,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
         registration.delete_validating_webhook_configuration("e2e-lease-time-validate")
         server.stop()
         sink.shutdown()
-        for namespace in (BUDGET, WINDOW, QUEUE):  # our finalizer is gone with the controller
+        for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY):  # our finalizer is gone with the controller
             for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
                 custom.patch_namespaced_custom_object(
                     GROUP,
@@ -146,7 +146,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
                     item["metadata"]["name"],
                     {"metadata": {"finalizers": None}},
                 )
-        for namespace in (BUDGET, WINDOW, QUEUE, SYSTEM):
+        for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY, SYSTEM):
             core.delete_namespace(namespace)
         for node in NODES:
             core.delete_node(node.name)
@@ -402,7 +402,7 @@ def test_a_recurring_window_admits_inside_refuses_outside_and_evicts_and_queues_
     create_lease(cluster, WINDOW, "minutes", count=2, window=recurring, onExpiry=expiry)
     create_lease(cluster, QUEUE, "minutes", count=2, window=recurring, onExpiry=expiry, enforcement="Queue")
     opened = wait_for_second(1, 8)
-    closes = opened.replace(second=20)
+    closes = opened.replace(second=20, microsecond=0)  # the window's end, to the second
     env = [
         {"name": "LEASE_ENDS", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{ENDS}']"}}}
     ]
@@ -477,3 +477,74 @@ def test_a_recurring_window_admits_inside_refuses_outside_and_evicts_and_queues_
         e["data"]["step"] for e in cloudevents(cluster, "Closed") if e["data"]["lease"]["namespace"] == WINDOW
     ]
     assert len(steps) >= 2
+
+
+def condition(state: dict[str, Any], namespace: str, name: str, kind: str) -> dict[str, Any]:
+    found = lease_status(state, namespace, name).get("conditions") or []
+    return next((c for c in found if c.get("type") == kind), {})
+
+
+def lease_events(state: dict[str, Any], namespace: str, name: str, reason: str) -> list[Any]:
+    return [e for e in pod_events(state, namespace, reason) if e.involved_object.name == name]
+
+
+def test_leases_overbooking_eight_gpus_are_flagged_until_one_is_shortened_and_an_unknown_model_at_apply(
+    cluster: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    """Two leases of 5 H200s over the 8 the kwok node offers, overlapping for an hour: Overbooked
+    on both, with a Warning Event and the metric; the first shortened to end where the second
+    starts: cleared. A lease of a model no node offers: ModelOffered False and an Event."""
+    state = cluster
+    now = datetime.now(UTC)
+    began = time.monotonic()
+    create_lease(
+        state, INVENTORY, "h200-a", model=H200, count=5, window={"end": stamp(now + timedelta(hours=2))}
+    )
+    second = {"start": stamp(now + timedelta(hours=1)), "end": stamp(now + timedelta(hours=3))}
+    create_lease(state, INVENTORY, "h200-b", model=H200, count=5, window=second)
+    for name in ("h200-a", "h200-b"):
+        over = eventually(
+            lambda name=name: (
+                condition(state, INVENTORY, name, "Overbooked").get("status") == "True"
+                and condition(state, INVENTORY, name, "Overbooked")
+            ),
+            30,
+            f"{name} Overbooked",
+        )
+        assert "10 GPU" in over["message"] and "8 GPU on 1 node(s)" in over["message"], over
+        assert condition(state, INVENTORY, name, "ModelOffered")["status"] == "True"
+        eventually(
+            lambda name=name: lease_events(state, INVENTORY, name, "Overbooked"), 30, f"{name}'s Event"
+        )
+    flagged = time.monotonic() - began
+    series = f'castslice_gpulease_overbooked{{lease="h200-a",model="{H200}",namespace="{INVENTORY}"}}'
+    assert state["controller"].metric(series) == 1.0
+
+    state["custom"].patch_namespaced_custom_object(
+        GROUP, VERSION, INVENTORY, PLURAL, "h200-a", {"spec": {"window": {"end": second["start"]}}}
+    )
+    for name in ("h200-a", "h200-b"):
+        eventually(
+            lambda name=name: (
+                condition(state, INVENTORY, name, "Overbooked").get("reason") == "WithinInventory"
+            ),
+            30,
+            f"{name} no longer Overbooked",
+        )
+
+    began = time.monotonic()
+    create_lease(state, INVENTORY, "b200", model="NVIDIA-B200", count=1)
+    offered = eventually(
+        lambda: (
+            condition(state, INVENTORY, "b200", "ModelOffered").get("status") == "False"
+            and condition(state, INVENTORY, "b200", "ModelOffered")
+        ),
+        30,
+        "b200 flagged",
+    )
+    assert offered["reason"] == "NotOffered"
+    eventually(
+        lambda: lease_events(state, INVENTORY, "b200", "ModelNotOffered"), 30, "the ModelNotOffered Event"
+    )
+    record_property("inventory_overbooked_flagged_s", f"{flagged:.1f}")
+    record_property("inventory_unknown_model_flagged_s", f"{time.monotonic() - began:.1f}")

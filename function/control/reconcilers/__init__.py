@@ -5,6 +5,11 @@ here. Each plug-in decides from the configuration whether it runs."""
 from __future__ import annotations
 
 from function.control.reconciler import ReconcilerPlugin
-from function.control.reconcilers import dra_templates, drift, gpu_leases
+from function.control.reconcilers import dra_templates, drift, gpu_inventory, gpu_leases
 
-PLUGINS: tuple[ReconcilerPlugin, ...] = (gpu_leases.PLUGIN, dra_templates.PLUGIN, drift.PLUGIN)
+PLUGINS: tuple[ReconcilerPlugin, ...] = (
+    gpu_leases.PLUGIN,
+    gpu_inventory.PLUGIN,
+    dra_templates.PLUGIN,
+    drift.PLUGIN,
+)

@@ -433,6 +433,41 @@ class Subject:
         }
 
 
+def write_event(
+    api: Api, subject: Subject, reason: str, message: str, kind: str, related: Subject | None = None
+) -> None:
+    """An Event on ``subject`` (a lease, or a Pod ``related`` to its lease); one not written is
+    logged, never retried (the condition or status it tells of holds the same)."""
+    now = time_text(datetime.now(UTC))
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{subject.name}.", "namespace": subject.namespace},
+        "involvedObject": subject.reference(),
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
+        "source": {"component": "castslice-control"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": "castslice-control",
+        "reportingInstance": "castslice-control",
+    }
+    if related is not None:
+        body["related"] = related.reference()
+    response = api.request("POST", collection_path("", "v1", "events", subject.namespace), body=body)
+    if not response.ok:
+        log.warning(
+            "event %s on %s %s/%s not written: %s",
+            reason,
+            subject.kind,
+            subject.namespace,
+            subject.name,
+            response.message(),
+        )
+
+
 Tell = Callable[["Step"], None]
 
 
@@ -1043,34 +1078,8 @@ class LeaseReconciler:
         self.emit(step)
 
     def _event(self, subject: Subject, step: Step, kind: str) -> None:
-        now = time_text(datetime.now(UTC))
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{subject.name}.", "namespace": subject.namespace},
-            "involvedObject": subject.reference(),
-            "reason": step.step,
-            "message": step.message[:1024],
-            "type": kind,
-            "source": {"component": "castslice-control"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": "castslice-control",
-            "reportingInstance": "castslice-control",
-        }
-        if step.pod is not None:
-            body["related"] = Subject.of_lease(step.lease).reference()
-        response = self.api.request("POST", collection_path("", "v1", "events", subject.namespace), body=body)
-        if not response.ok:
-            log.warning(
-                "event %s on %s %s/%s not written: %s",
-                step.step,
-                subject.kind,
-                subject.namespace,
-                subject.name,
-                response.message(),
-            )
+        related = Subject.of_lease(step.lease) if step.pod is not None else None
+        write_event(self.api, subject, step.step, step.message, kind, related)
 
     def _next_boundary(
         self, lease: Lease, now: datetime, pods: list[ChargedPod], running: int = 0
