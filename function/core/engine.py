@@ -113,6 +113,10 @@ def build_mutators(config: Config, mode: MutatorMode = MutatorMode.enforce) -> l
 
 
 class Engine:
+    skip_repeated_runs = True
+    """Skip a mutator's run that can only repeat its last one (see run_to_fixed_point); False runs
+    every mutator in every pass (tests hold the skip to that full run's answer)."""
+
     def __init__(
         self,
         config: Config,
@@ -124,6 +128,7 @@ class Engine:
         self.mutators = list(build_mutators(config) if mutators is None else mutators)
         self.shadow = list(build_mutators(config, MutatorMode.shadow) if shadow is None else shadow)
         self._excluded = frozenset(config.excludedNamespaces)
+        self._idempotent = tuple(getattr(mutator, "idempotent", False) is True for mutator in self.mutators)
 
     # -- the public entry point ------------------------------------------------------------
     def decide(self, pod: Pod, request: RequestContext) -> Decision:
@@ -211,12 +216,28 @@ class Engine:
         # WorkingCopy); the original is never handed out.
         working = WorkingCopy(pod, from_json=request.pod_from_json)
         decisions: dict[str, MutatorDecision] = {}
+        # A run is skipped when it can only repeat the last one: nothing changed the Pod since that
+        # run, and it changed nothing (a mutator is a pure function of the Pod and the request) or
+        # the mutator is idempotent (run on its own result, it reports unchanged and changes
+        # nothing). So a mutator runs again only after another one changed the Pod, and the pass
+        # confirming a fixed point costs nothing when every change was the last mutator's own.
+        changes = 0
+        ran_at: list[int | None] = [None] * len(self.mutators)
+        """Per mutator: ``changes`` when its last run ended (None: not run yet)."""
+        changed_last: list[bool] = [False] * len(self.mutators)
+        idempotent = self._idempotent
+        skip = self.skip_repeated_runs
         for _ in range(MAX_PASSES):
             changed_in_pass = False
-            for mutator in self.mutators:
+            for position, mutator in enumerate(self.mutators):
+                repeats = ran_at[position] == changes and (idempotent[position] or not changed_last[position])
+                if skip and repeats:
+                    continue
                 result = mutator.mutate(working.pod, request)
                 changed = working.settle()
                 _check_honest(mutator, result, changed)
+                changes += changed
+                ran_at[position], changed_last[position] = changes, changed
                 previous = decisions.get(mutator.name)
                 # Keep the pass where a mutator acted (a later no-op pass says nothing new); a
                 # denial from any pass is final, whatever the mutator did before.

@@ -5,6 +5,7 @@ second pass (reinvocation) produces no operations."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 from typing import Any
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 from function.admission.review import Admission
 from function.core.config import Config, parse_config
 from function.core.engine import Engine
+from function.core.json_patch import canonical
+from function.core.mutators.base import Action, RequestContext
 from function.core.rules import pod_violations
 from function.serve.http_api import WebhookHttp
 
@@ -414,3 +417,67 @@ def test_spot_stays_at_or_below_the_floor_patches_apply_and_a_second_pass_is_emp
     again = copy_json(working)
     second = mutator.mutate(again, Ctx(uid="req-0", namespace="ns", cluster=NO_VIEW))
     assert again == working and second.action.value != "mutated"
+
+
+def idempotence_problem(mutators: list[Any], pod: dict[str, Any], request: RequestContext) -> str | None:
+    """Each mutator in the engine's order on one copy of ``pod``; after every run of one declaring
+    ``idempotent`` that changed the Pod, the same mutator run again on its own result must report
+    unchanged and change nothing (what lets the engine skip that run). Why not, or None."""
+    working = copy.deepcopy(pod)
+    for mutator in mutators:
+        first = mutator.mutate(working, request)
+        if first.action is Action.denied:
+            return None  # the engine stops at a denial
+        if first.action is not Action.mutated or getattr(mutator, "idempotent", False) is not True:
+            continue
+        result = canonical(working)
+        again = mutator.mutate(working, request)
+        if again.action is not Action.unchanged or canonical(working) != result:
+            return f"{mutator.name} run on its own result: {again.action.value} ({again.reason})"
+    return None
+
+
+@settings(
+    max_examples=int(os.environ.get("CASTSLICE_PROPERTY_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    pod=pods() | spot_pods(),
+    config_name=st.sampled_from(sorted(CONFIGS)),
+    namespace=st.sampled_from(["default", "ml", "kube-system"]),
+)
+def test_a_mutator_declaring_itself_idempotent_changes_nothing_of_its_own_result(
+    pod: dict[str, Any], config_name: str, namespace: str
+) -> None:
+    mutators = Engine(CONFIGS[config_name]).mutators
+    assert any(getattr(m, "idempotent", False) for m in mutators)  # the property is exercised
+    assert idempotence_problem(mutators, pod, RequestContext(uid="0000-uid", namespace=namespace)) is None
+
+
+class FullRunEngine(Engine):
+    skip_repeated_runs = False
+
+
+@settings(
+    max_examples=int(os.environ.get("CASTSLICE_PROPERTY_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    pod=pods() | spot_pods(),
+    config_name=st.sampled_from(sorted(CONFIGS)),
+    namespace=st.sampled_from(["default", "ml", "kube-system"]),
+    reverse=st.booleans(),
+)
+def test_skipping_runs_that_can_only_repeat_the_last_gives_the_full_runs_decision(
+    pod: dict[str, Any], config_name: str, namespace: str, reverse: bool
+) -> None:
+    # In reverse order too: a later mutator then changes what an earlier one read, so runs after
+    # another mutator's change must not be skipped.
+    config = CONFIGS[config_name]
+    mutators = Engine(config).mutators[:: -1 if reverse else 1]
+    request = RequestContext(uid="0000-uid", namespace=namespace)
+    skipping = Engine(config, mutators, []).decide(copy.deepcopy(pod), request)
+    full = FullRunEngine(config, mutators, []).decide(copy.deepcopy(pod), request)
+    assert skipping == full and skipping.mutated_pod == full.mutated_pod

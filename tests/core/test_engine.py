@@ -88,6 +88,38 @@ def test_every_pass_gets_the_request_as_given() -> None:
     assert mutator.seen == [REQUEST, REQUEST]  # the change, then the pass that confirms it
 
 
+class IdempotentEdit(Edit):
+    idempotent = True
+
+
+def test_an_idempotent_mutator_is_not_run_again_to_confirm_its_own_change() -> None:
+    mutator = IdempotentEdit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
+    intended, decisions, _ = Engine(Config(), [mutator], []).run_to_fixed_point(pod(), REQUEST)
+    assert intended["metadata"]["labels"] == {"app": "a", "team": "ml"}
+    assert [(d.mutator, d.action) for d in decisions] == [("labeller", Action.mutated)]
+    assert mutator.seen == [REQUEST]
+
+
+def test_an_idempotent_mutator_runs_again_once_a_later_one_changed_the_pod() -> None:
+    first = IdempotentEdit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
+    second = IdempotentEdit("annotator", once(lambda p: p["metadata"].update(annotations={"a": "b"})))
+    Engine(Config(), [first, second], []).run_to_fixed_point(pod(), REQUEST)
+    assert first.seen == [REQUEST, REQUEST]  # the annotator changed what the labeller read
+    assert second.seen == [REQUEST]
+
+
+def test_a_mutator_that_changed_nothing_is_not_run_again_while_nothing_changed() -> None:
+    changer = Edit("labeller", once(lambda p: p["metadata"]["labels"].update(team="ml")))
+    idle = Edit("idle", lambda p: False)
+    _, decisions, _ = Engine(Config(), [changer, idle], []).run_to_fixed_point(pod(), REQUEST)
+    assert changer.seen == [REQUEST, REQUEST]  # not idempotent: the pass that confirms its change
+    assert idle.seen == [REQUEST]  # it saw the changed Pod already, and nothing changed since
+    assert [(d.mutator, d.action) for d in decisions] == [
+        ("labeller", Action.mutated),
+        ("idle", Action.unchanged),
+    ]
+
+
 def test_an_internal_error_under_deny_is_a_denial_that_names_the_error_and_the_request() -> None:
     engine = Engine(parse_config({"onInternalError": "deny"}), [], [])
     decision = engine.internal_error(RuntimeError("boom"), REQUEST)

@@ -89,7 +89,13 @@ class MutatorDecision:
 
 
 class Mutator(Protocol):
-    """``name`` is stable (it appears in events and metrics); ``mutate`` may edit ``pod`` in place."""
+    """``name`` is stable (it appears in events and metrics); ``mutate`` may edit ``pod`` in place.
+
+    A mutator may also declare ``idempotent = True``: run on the Pod it just produced (and the
+    same request), it reports ``unchanged`` and changes nothing, as Kubernetes asks of every
+    mutating webhook (the apiserver may send a webhook its own output again). The engine then
+    does not run it again to confirm a change that only it made (tests/core/test_any_pod.py holds
+    every mutator declaring it to it)."""
 
     name: str
 

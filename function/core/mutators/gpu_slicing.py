@@ -173,6 +173,7 @@ class GpuSlicingConfig(MutatorConfig):
 
 class GpuSlicing:
     name = "gpu-slicing"
+    idempotent = True
 
     def __init__(
         self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation, vgpu_resources: Collection[str] = ()

@@ -290,6 +290,7 @@ def is_template(pod: Pod) -> bool:
 
 class Spot:
     name = "spot"
+    idempotent = True
 
     def __init__(
         self, config: SpotConfig, deny_invalid: bool, own_namespace: str, placed_by_podmutations: bool = False

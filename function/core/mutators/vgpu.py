@@ -296,6 +296,7 @@ def _env_by_name(container: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
 
 class Vgpu:
     name = "vgpu"
+    idempotent = True
 
     def __init__(
         self,
