@@ -1,0 +1,107 @@
+"""Benchmark: instructions per review, counted by valgrind's callgrind, so the figure does not move
+with the machine's load (a busy shared machine makes every timed figure several times slower).
+
+Not a test (pytest does not collect it, nothing here asserts a count): run it by hand.
+
+    python tests/benchmarks/instructions.py                    # this checkout, mutating and non-mutating
+    python tests/benchmarks/instructions.py --before DIR       # and another checkout, side by side
+
+Each figure is one process running ``WebhookHttp.handle`` as ``tests/benchmarks/webhook.py``'s
+in-process figure does (built as served, the audit event built and its delivery dropped): after a
+warm-up, ``--reviews`` reviews are made through ``map`` and callgrind counts only while CPython's
+``map_next`` runs (``--toggle-collect``), so the count is the reviews' own, without the
+interpreter's start, the imports and the warm-up. Needs valgrind (Debian package `valgrind`) and a
+CPython whose symbols are not stripped; one count takes a minute or two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REVIEWS = ROOT / "tests" / "data" / "admission-reviews"
+BODIES = {
+    "mutating": REVIEWS / "default-slice-inference.json",
+    "non-mutating": REVIEWS / "default-not-opted-in.json",
+}
+WARM_UP = 50
+
+# Run under valgrind in a process of its own, with the checkout measured first on sys.path.
+REVIEWER = """
+import sys
+from pathlib import Path
+checkout, body_path, warm_up, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, checkout)
+from function.serve.app import build_webhook
+webhook = build_webhook(environ={})
+webhook.admission.recorder.sender.submit = lambda event: None
+body = Path(body_path).read_bytes()
+for _ in range(warm_up):
+    webhook.handle("POST", "/mutate", body)
+for _ in map(lambda _: webhook.handle("POST", "/mutate", body), range(count)):  # counted: map_next
+    pass
+"""
+
+
+def per_review(checkout: Path, body: Path, count: int) -> int:
+    """Instructions per review of ``body``, over ``count`` reviews."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            "--collect-atstart=no",
+            "--toggle-collect=map_next",
+            sys.executable,
+            "-c",
+            REVIEWER,
+            str(checkout),
+            str(body),
+            str(WARM_UP),
+            str(count),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=checkout,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"callgrind printed no count:\n{done.stderr[-2000:]}")
+    return int(found.group(1)) // count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--before", type=Path, help="another checkout (a git worktree) counted beside this one"
+    )
+    parser.add_argument("--reviews", type=int, default=200, help="reviews counted (default: 200)")
+    parser.add_argument("--kind", choices=sorted(BODIES), action="append", help="one kind only (repeatable)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind (apt-get install -y valgrind)")
+    checkouts = {"this": ROOT} if args.before is None else {"before": args.before.resolve(), "this": ROOT}
+    figures: dict[str, dict[str, int]] = {}
+    for kind in args.kind or list(BODIES):
+        for name, checkout in checkouts.items():
+            count = per_review(checkout, BODIES[kind], args.reviews)
+            figures.setdefault(name, {})[kind] = count
+            print(f"{kind:>12} {name:>6} ({checkout}): {count:,} instructions per review", flush=True)
+        if "before" in figures:
+            ratio = figures["this"][kind] / figures["before"][kind]
+            print(f"{kind:>12} this / before: {ratio:.3f}", flush=True)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
