@@ -83,9 +83,19 @@ def test_the_child_answers_and_the_worker_records_as_in_process(
         }
 
 
+def outcome(response: dict[str, Any]) -> Any:
+    return response.get("auditAnnotations", {}).get("outcome")
+
+
 def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(tmp_path: Any) -> None:
     """Three 3 MiB reviews in flight at once, small ones sent one after another meanwhile: every
-    large one decided (mutated) within the apiserver's 5 s, the small ones answered throughout."""
+    large one answered within the apiserver's 5 s, the small ones answered throughout.
+
+    One child decides the large ones in arrival order. Each answer is the decision (mutated) or,
+    past LARGE_REVIEW_SECONDS, the refusal saying so (never the Pod admitted unmutated, never the
+    apiserver's timeout): which of the two the second and third get depends on the CPU the
+    machine leaves the child (on a busy 2-core machine the third was once refused), so only the
+    first decided is held to the decision (it has the whole deadline for one decision)."""
     served = Served(tmp_path)
 
     def ready() -> bool:  # as a Service would: only once the large-review process is up too
@@ -99,16 +109,18 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
         time.sleep(0.1)
     big = large_review()
     small = (REVIEWS / "default-slice-inference.json").read_bytes()
-    results: list[tuple[int, float]] = []
+    results: list[tuple[float, int, dict[str, Any]]] = []
+    """(sent at, status, response) of each large review."""
 
     def post_big() -> None:
         connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
         started = time.monotonic()
         connection.request("POST", "/mutate", big, {"content-type": "application/json"})
         reply = connection.getresponse()
-        payload = json.loads(reply.read())
-        assert payload["response"]["auditAnnotations"]["outcome"] == "mutated"
-        results.append((reply.status, time.monotonic() - started))
+        body = reply.read()
+        results.append(
+            (started, reply.status, json.loads(body)["response"] | {"took": time.monotonic() - started})
+        )
 
     try:
         threads = [threading.Thread(target=post_big) for _ in range(3)]
@@ -135,8 +147,15 @@ def test_a_served_large_review_is_answered_while_small_ones_keep_being_answered(
             time.sleep(0.05)
     finally:
         served.kill()
-    assert [status for status, _ in results] == [200, 200, 200]
-    assert all(took < 5 for _, took in results), results  # the apiserver's default timeout... ours
+    assert [status for _, status, _ in results] == [200, 200, 200]
+    responses = [response for _, _, response in sorted(results, key=lambda result: result[0])]
+    assert all(response["took"] < 5 for response in responses), responses  # the registration's timeout
+    for response in responses:
+        if outcome(response) != "mutated":  # refused in time, saying why
+            message = response["status"]["message"]
+            assert response["allowed"] is False and "patch" not in response, response
+            assert "large review not decided within" in message and "create the Pod again" in message
+    assert any(outcome(response) == "mutated" for response in responses), responses
     assert small_answers >= 5  # the loop kept answering while the large reviews were decided
     assert len(events()) == 3 + small_answers  # the large ones are recorded by the worker too
 
