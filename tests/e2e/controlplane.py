@@ -335,6 +335,23 @@ class ControlPlane:
             client=client,
         )
 
+    def audited_kubeconfig(self, name: str, server: str | None = None) -> Path:
+        """A kubeconfig for AUDITED_USER (in system:masters), reaching the apiserver at ``server``
+        (default: its own address; a proxy in front of it, say): its writes are in the audit log."""
+        path = self.workdir / f"{name}.kubeconfig"
+        if not (self.certs.dir / f"{name}.crt").exists():
+            self.certs.issue(name, AUDITED_USER, organizations=["system:masters"], server=False, client=True)
+        cert = CertKey(self.certs.dir / f"{name}.crt", self.certs.dir / f"{name}.key")
+        _write_kubeconfig(path, server or self.host, self.ca_cert, cert, AUDITED_USER)
+        return path
+
+    def audited_writes(self) -> list[dict[str, Any]]:
+        """The audit log's events (AUDITED_USER's writes), in the order the apiserver logged them."""
+        path = self.workdir / "audit.log"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
     def get(self, path: str, timeout: float = 5.0, accept: str | None = None) -> tuple[int, bytes]:
         """GET ``path`` on the apiserver as admin (raw HTTP): (status, body)."""
         ctx = ssl.create_default_context(cafile=str(self.ca_cert))
@@ -490,6 +507,33 @@ def _pod_scheduled_condition(pod: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
 
 
+AUDITED_USER = "castslice-audited"
+"""Requests of this user (a client certificate, ``ControlPlane.audited_kubeconfig``) that change
+something are written to the apiserver's audit log; nothing else is."""
+
+
+def _write_audit_policy(workdir: Path) -> Path:
+    path = workdir / "audit-policy.json"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "audit.k8s.io/v1",
+                "kind": "Policy",
+                "omitStages": ["RequestReceived", "ResponseStarted"],
+                "rules": [
+                    {
+                        "level": "Metadata",
+                        "users": [AUDITED_USER],
+                        "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+                    },
+                    {"level": "None"},
+                ],
+            }
+        )
+    )
+    return path
+
+
 def _write_kubeconfig(path: Path, host: str, ca: Path, cert: CertKey, user: str) -> None:
     credentials = {"client-certificate": str(cert.cert), "client-key": str(cert.key)}
     write_kubeconfig(path, host, user, credentials, ca)
@@ -610,6 +654,11 @@ def _start(binaries: dict[str, Path], timeout: float, workdir: Path, etcd_data: 
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,"
             "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
             "--allow-privileged=true",
+            # The writes of AUDITED_USER only (tests that check who wrote what, in the
+            # apiserver's own order: see ControlPlane.audited_writes).
+            f"--audit-policy-file={_write_audit_policy(workdir)}",
+            f"--audit-log-path={workdir / 'audit.log'}",
+            "--audit-log-format=json",
             # An Endpoints object for `kubernetes` pointing at 127.0.0.1 is
             # rejected (loopback) and nothing could reach it anyway.
             "--endpoint-reconciler-type=none",

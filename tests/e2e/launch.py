@@ -11,6 +11,7 @@ import copy
 import http.client
 import http.server
 import os
+import queue
 import signal
 import socket
 import ssl
@@ -353,3 +354,69 @@ class TwoBehindOne:
         self.proxy.stop()
         for server in self.servers:
             server.stop()
+
+
+class DelayProxy:
+    """A TCP proxy in front of the apiserver that can be made slow: what a client sends goes through
+    at once, what the apiserver answers is held ``delay`` seconds (set at any time; it applies to
+    the bytes read from then on) before it reaches the client, in order. A renewal that reached
+    the apiserver is then acknowledged too late: the client cannot know it renewed."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.delay = 0.0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            self._sockets += [client, upstream]
+            threading.Thread(target=ServiceProxy._pump, args=(client, upstream), daemon=True).start()
+            held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            threading.Thread(target=self._hold, args=(upstream, held), daemon=True).start()
+            threading.Thread(target=self._release, args=(held, client), daemon=True).start()
+
+    def _hold(self, source: socket.socket, held: queue.Queue[tuple[float, bytes]]) -> None:
+        try:
+            while data := source.recv(65536):
+                held.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        held.put((time.monotonic() + self.delay, b""))
+
+    @staticmethod
+    def _release(held: queue.Queue[tuple[float, bytes]], target: socket.socket) -> None:
+        while True:
+            due, data = held.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            if not data:
+                with contextlib.suppress(OSError):
+                    target.shutdown(socket.SHUT_WR)
+                return
+            try:
+                target.sendall(data)
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
