@@ -62,7 +62,15 @@ def _lists(resource: dict[str, Any]) -> bool:
 
 
 def every_object(plane: ControlPlane) -> set[Key]:
+    """Every object that is not on its way out: an object being deleted, or any object of a
+    namespace being deleted (an earlier test module's teardown still finishing in the shared
+    control plane), is neither the release's nor something the release removed."""
     objects: set[Key] = set()
+    terminating = {
+        item["metadata"]["name"]
+        for item in plane.get_json("/api/v1/namespaces").get("items") or []
+        if item["metadata"].get("deletionTimestamp")
+    }
     for group, path, resource in listable(plane):
         if (group, resource) in SKIPPED:
             continue
@@ -77,6 +85,10 @@ def every_object(plane: ControlPlane) -> set[Key]:
         assert status == 200, f"{path}/{resource}: {status} {body[:300]!r}"
         for item in json.loads(body).get("items") or []:
             metadata = item["metadata"]
+            if metadata.get("deletionTimestamp") or metadata.get("namespace") in terminating:
+                continue
+            if resource == "namespaces" and metadata["name"] in terminating:
+                continue
             objects.add((group, resource, metadata.get("namespace", ""), metadata["name"]))
     return objects
 

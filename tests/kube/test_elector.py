@@ -274,7 +274,7 @@ def test_losing_the_lead_revokes_the_term_before_the_work_is_stopped() -> None:
     )
     thread = threading.Thread(target=e.run, daemon=True)
     thread.start()
-    wait_for(lambda: e.leading)
+    wait_for(lambda: bool(events))  # on_started runs after ``leading`` turns True, on the elector's thread
     term = events[0]
     # The work is handed its term (not asked to be valid still: on a busy machine its renew
     # deadline of 1 s can pass before this line runs, and the term is then revoked).
