@@ -34,6 +34,7 @@ from tests.support.manifests import KNATIVE_DIR, one, render
 from .controlplane import ControlPlane, FakeNode, node_manifest
 from .launch import DelayProxy, ServedController
 from .support import delete_crd
+from .workloads import eventually, stamp
 
 pytestmark = pytest.mark.e2e
 
@@ -63,21 +64,6 @@ NODES = tuple(
 TERM = re.compile(r"castslice-control/(?P<identity>[^ ]+) term/(?P<term>\d+)")
 ROUNDS = 20
 HANDOVER_EVERY = 20.0
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Cluster:

@@ -20,7 +20,7 @@ import collections
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +34,7 @@ from tests.support.manifests import KNATIVE_DIR, one, render
 from .controlplane import DRA_SHARES, GPU_NODE, ControlPlane
 from .identity import CONTROL_SA_NAME, SA_NAMESPACE, delete_created, service_account_kubeconfig
 from .launch import CASTSLICE, EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
+from .workloads import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -70,17 +71,6 @@ OPTED_IN = {"castops.io/optimize": "true"}
 GPU = {"nvidia.com/gpu": "1"}
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims"
 TEMPLATES_PATH = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def apply_rendered_templates(plane: ControlPlane, namespace: str) -> None:

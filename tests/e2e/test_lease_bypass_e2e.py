@@ -40,6 +40,7 @@ from .launch import (
     start_event_sink,
 )
 from .support import delete_crd, kubectl
+from .workloads import eventually, stamp
 
 pytestmark = pytest.mark.e2e
 
@@ -85,21 +86,6 @@ FAST_ELECTION = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-peri
 LONG_NAME = ".".join(["h100-reserved-for-the-long-running-training-of-team-a-" + str(n) for n in range(4)])
 STAMP_KEYS = ("castops.io/gpu-lease", "castops.io/gpu-lease-state")
 STAMP_ANNOTATIONS = ("castops.io/gpu-lease-charge", "castops.io/gpu-lease-decision")
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def gpu_pod(name: str, gpus: Any = 1, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from .controlplane import SPOT, ControlPlane
@@ -15,12 +16,21 @@ from .controlplane import SPOT, ControlPlane
 PLACEMENT = "castops.io/placement"
 
 
-def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+def eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something true, and return that (a found object, a count)."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        found = check()
+        if found:
+            return found
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.2)
+
+
+def stamp(moment: datetime) -> str:
+    """A time as the apiserver writes it in a resource (RFC 3339, whole seconds, Z)."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def deployment(name: str, replicas: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
