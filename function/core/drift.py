@@ -270,6 +270,10 @@ def _undercharged(pod: Pod, leases: GpuLeases, context: RequestContext) -> Chang
     lease = next((lease for lease in leased if lease.label == charged_to), None)
     model = lease.model if isinstance(lease, Lease) else ""
     needs = pod_charge(pod, leases.units, model)
+    family = leases.family_of(lease) if isinstance(lease, Lease) else None
+    if family:
+        # The webhook charged one of the lease's models, at least the least of them.
+        needs = min(pod_charge(pod, leases.units, member) for member in family)
     stamped = parse_charge(annotations_of(pod).get(CHARGE_ANNOTATION))
     if stamped >= needs:
         return None

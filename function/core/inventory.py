@@ -22,12 +22,12 @@ do not overlap).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from function.core.families import SHARED_SUFFIX, base_model
 from function.core.leases import Lease, Phase, gpus, until
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.schedule import Recurrence, ZoneTable, next_start, span_at, zone_of
@@ -44,16 +44,6 @@ REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 WHOLE_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
-SHARED_SUFFIX = "-SHARED"
-_MIG_SUFFIX = re.compile(r"-MIG-\d+g\.\d+gb\Z")
-
-
-def base_model(product: str) -> str:
-    """The GPU a product label names: GFD's ``-SHARED`` and ``-MIG-<profile>`` suffixes dropped
-    (``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`` and ``NVIDIA-H100-80GB-HBM3-SHARED`` are A100 and H100)."""
-    if product.endswith(SHARED_SUFFIX):
-        product = product[: -len(SHARED_SUFFIX)]
-    return _MIG_SUFFIX.sub("", product)
 
 
 class GpuNode(NamedTuple):
@@ -138,6 +128,23 @@ def stock_of(model: str, nodes: Iterable[Any]) -> Stock:
         if isinstance(node, GpuNode) and node.model == model:
             whole, slices, mig, count = whole + node.whole, slices + node.slices, mig + node.mig, count + 1
     return Stock(model, whole, slices, mig, count)
+
+
+POOL_SEPARATOR = "+"
+"""Joins the models of a lease of several models (or a family) into one inventory key."""
+
+
+def pool_stock(key: str, members: Iterable[Stock]) -> Stock:
+    """What several models' stocks are together (a family's GPUs are the sum of its models')."""
+    whole = slices = mig = nodes = 0
+    for stock in members:
+        whole, slices, mig, nodes = (
+            whole + stock.whole,
+            slices + stock.slices,
+            mig + stock.mig,
+            nodes + stock.nodes,
+        )
+    return Stock(key, whole, slices, mig, nodes)
 
 
 def stocks(nodes: Iterable[Any]) -> dict[str, Stock]:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from function.core.budget import Budget, BudgetNow, budget_now, parse_hours
+from function.core.families import ModelFamilies, expand, named_models
 from function.core.pod import controller_of, metadata_of
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.schedule import (
@@ -60,6 +61,10 @@ ENDS_ANNOTATION = "castops.io/gpu-lease-ends"
 """When the lease's time for the Pod ends (the window's end, or the end of the current occurrence
 of a recurring window; RFC 3339), readable by the Pod through the downward API. Written by the
 webhook at admission and by the controller when it starts a queued Pod or the end moves."""
+MODEL_ANNOTATION = "castops.io/gpu-lease-model"
+"""On a Pod charged to a lease of several models or a family: the model it is charged as (the
+Pod is pinned to it), counted against that model's cap (``spec.caps``) and shown per model in
+the lease's status. Absent when the Pod may run on any of several uncapped models of the lease."""
 GATE = "castops.io/gpu-lease"
 """The scheduling gate of a queued Pod; the controller removes it when the Pod fits the lease."""
 FINALIZER = "castops.io/gpu-lease-release"
@@ -74,6 +79,7 @@ STAMP_ANNOTATIONS = (
     "castops.io/gpu-lease-decision",
     "castops.io/gpu-lease-priority",
     "castops.io/gpu-lease-ends",
+    "castops.io/gpu-lease-model",
 )
 """The keys only CastSlice writes (the choice annotation ``castops.io/gpu-lease`` is the user's)."""
 REQUIRED_LABEL = "castops.io/gpu-leases"
@@ -131,10 +137,12 @@ def lease_label(name: str) -> str:
     return f"{name[:52].rstrip('-.')}-{digest}"
 
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?\Z")
 SPEC_FIELDS = (
     "gpuModel",
+    "gpuModels",
+    "caps",
     "count",
     "window",
     "duration",
@@ -241,10 +249,13 @@ def whole_number(raw: Any, low: int, high: int) -> bool:
     return isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high
 
 
-def lease_problems(obj: Any, zones: Mapping[str, ZoneTable] | None = None) -> list[str]:
+def lease_problems(
+    obj: Any, zones: Mapping[str, ZoneTable] | None = None, families: ModelFamilies | None = None
+) -> list[str]:
     """Every invalid field of a GpuLease, each named (what the CRD schema and CEL cannot check
     is checked here too, so a lease that skipped the schema is refused alike). With ``zones``
-    (the edge's tz database) a time zone must be one it knows; without, one of the right form."""
+    (the edge's tz database) a time zone must be one it knows; without, one of the right form.
+    With ``families`` (``gpuLeases.modelFamilies``) a cap must name one of the lease's models."""
     if not isinstance(obj, Mapping):
         return ["not an object"]
     spec = obj.get("spec")
@@ -255,15 +266,7 @@ def lease_problems(obj: Any, zones: Mapping[str, ZoneTable] | None = None) -> li
         for key in spec
         if key not in SPEC_FIELDS
     ]
-    model = spec.get("gpuModel")
-    if not isinstance(model, str) or not model:
-        problems.append(
-            "spec.gpuModel: required, the value of the GPU model node label (e.g. NVIDIA-H100-80GB-HBM3)"
-        )
-    elif len(model) > 63 or not _LABEL_VALUE.match(model):
-        problems.append(
-            f"spec.gpuModel: {model[:70]!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ .)"
-        )
+    problems.extend(model_problems(spec, families))
     if "count" not in spec:
         problems.append("spec.count: required, the GPU-equivalents leased (e.g. 8, or 0.5)")
     elif parse_count(spec.get("count")) is None:
@@ -334,6 +337,91 @@ def lease_problems(obj: Any, zones: Mapping[str, ZoneTable] | None = None) -> li
     if "budget" in spec:
         problems.extend(budget_problems(spec["budget"], zones))
     return problems
+
+
+MAX_MODELS = 16
+"""``spec.gpuModels`` at most (a family of the configuration counts as one)."""
+
+
+def _label_value_problem(raw: Any, where: str) -> str | None:
+    if not isinstance(raw, str) or not raw:
+        return f"{where}: {repr(raw)[:40]} is not a GPU model (a value of the model node label)"
+    if len(raw) > LABEL_VALUE_LIMIT or not LABEL_VALUE.match(raw):
+        return f"{where}: {raw[:70]!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ .)"
+    return None
+
+
+def model_problems(spec: Mapping[str, Any], families: ModelFamilies | None = None) -> list[str]:
+    """``spec.gpuModel`` (one model or a family) or ``spec.gpuModels`` (several), exactly one of
+    them, and ``spec.caps`` (at most so many GPUs of one of those models)."""
+    problems: list[str] = []
+    listed = spec.get("gpuModels")
+    if "gpuModel" in spec and "gpuModels" in spec:
+        problems.append("spec.gpuModels: give spec.gpuModel or spec.gpuModels, not both")
+    if "gpuModels" in spec:
+        if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_MODELS:
+            problems.append(
+                f"spec.gpuModels: must be a list of 1 to {MAX_MODELS} GPU models or families "
+                "(values of the model node label, or names in gpuLeases.modelFamilies)"
+            )
+        else:
+            for at, name in enumerate(listed):
+                problem = _label_value_problem(name, f"spec.gpuModels[{at}]")
+                if problem:
+                    problems.append(problem)
+            if len(set(map(str, listed))) != len(listed):
+                problems.append("spec.gpuModels: names a model twice")
+    elif "gpuModel" not in spec or not spec.get("gpuModel"):
+        problems.append(
+            "spec.gpuModel: required (or spec.gpuModels), the value of the GPU model node label "
+            "(e.g. NVIDIA-H100-80GB-HBM3) or a family of gpuLeases.modelFamilies"
+        )
+    else:
+        problem = _label_value_problem(spec.get("gpuModel"), "spec.gpuModel")
+        if problem:
+            problems.append(problem)
+    caps = spec.get("caps")
+    if "caps" in spec:
+        if not isinstance(caps, Mapping):
+            problems.append("spec.caps: must be a map from a model of the lease to a count (NVIDIA-H200: 2)")
+        else:
+            covered = None
+            if families is not None and not problems:
+                names = listed if isinstance(listed, list) else [spec.get("gpuModel")]
+                covered = expand((str(n) for n in names), families)
+            for model, raw in caps.items():
+                where = f"spec.caps.{model}"
+                problem = _label_value_problem(model, where)
+                if problem:
+                    problems.append(problem)
+                elif covered is not None and model not in covered:
+                    problems.append(f"{where}: not one of the lease's models ({', '.join(covered)})")
+                if parse_count(raw) is None:
+                    problems.append(
+                        f"{where}: {repr(raw)[:40]} is not a positive amount with at most 3 decimals"
+                    )
+    return problems
+
+
+def parse_caps(raw: Any) -> tuple[tuple[str, int], ...]:
+    """``spec.caps`` as (model, milli-GPU) pairs; the invalid ones left out."""
+    if not isinstance(raw, Mapping):
+        return ()
+    found = []
+    for model, amount in raw.items():
+        milli = parse_count(amount)
+        if isinstance(model, str) and milli is not None:
+            found.append((model, milli))
+    return tuple(sorted(found))
+
+
+def display_model(spec: Mapping[str, Any]) -> str:
+    """How a lease's models are shown (messages, metric labels): ``gpuModel``, or the names of
+    ``gpuModels`` joined with ``|``."""
+    listed = spec.get("gpuModels")
+    if isinstance(listed, list):
+        return "|".join(str(name) for name in listed)
+    return str(spec.get("gpuModel") or "")
 
 
 ZONE_EXAMPLES = "Europe/Berlin, America/New_York, UTC"
@@ -453,6 +541,7 @@ class Lease:
     name: str
     uid: str
     model: str
+    """``spec.gpuModel``, or ``spec.gpuModels`` joined with ``|`` (``display_model``)."""
     count: int
     """milli-GPU."""
     created: datetime | None
@@ -482,6 +571,11 @@ class Lease:
     """spec.window.recurrence: open only from each start of the schedule for its duration."""
     budget: Budget | None = None
     notice_seconds: int = DEFAULT_NOTICE_SECONDS
+    models: tuple[str, ...] = ()
+    """The names the lease gives (``spec.gpuModels``, else ``(spec.gpuModel,)``), each a model or
+    a family of the configuration: ``function.core.families.models_of`` expands them."""
+    caps: tuple[tuple[str, int], ...] = ()
+    """``spec.caps``: (model, milli-GPU) at most of that model within the count."""
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """What this record's methods worked out (a recurring window's current span, the budget at a
     moment): the record is replaced when the object changes, so nothing here outlives its inputs."""
@@ -615,7 +709,7 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
         namespace=sys.intern(str(metadata.get("namespace") or "")),
         name=str(metadata.get("name") or ""),
         uid=uid,
-        model=str(spec.get("gpuModel") or ""),
+        model=display_model(spec),
         count=parse_count(spec.get("count")) or 0,
         created=created,
         start=start,
@@ -635,6 +729,8 @@ def slim_lease(obj: Mapping[str, Any]) -> Lease | None:
         recurrence=parse_recurrence(window.get("recurrence")) if not problems else None,
         budget=parse_budget(spec.get("budget")) if not problems else None,
         notice_seconds=_bounded(expiry.get("noticeSeconds"), 0, MAX_GRACE_SECONDS, DEFAULT_NOTICE_SECONDS),
+        models=named_models(spec),
+        caps=parse_caps(spec.get("caps")) if not problems else (),
     )
 
 
@@ -681,6 +777,8 @@ class ChargedPod(NamedTuple):
     """metadata.deletionTimestamp as written: when a terminating Pod's grace period ends."""
     ends: str = ""
     """ENDS_ANNOTATION as written: when the Pod's lease time ends ("" none)."""
+    model: str = ""
+    """MODEL_ANNOTATION as written: the model of a family lease it is charged as ("" any)."""
 
     @property
     def lease_key(self) -> str:
@@ -739,6 +837,7 @@ def slim_charged_pod(obj: Mapping[str, Any]) -> ChargedPod | None:
         finalizers=_finalizers(metadata.get("finalizers")),
         deleted_at=str(metadata.get("deletionTimestamp") or ""),
         ends=sys.intern(str(annotations.get(ENDS_ANNOTATION) or "")),
+        model=sys.intern(str(annotations.get(MODEL_ANNOTATION) or "")),
     )
 
 

@@ -29,14 +29,16 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from function.control.reconciler import DONE, Context, Emit, Permission, ReconcilerPlugin, Requeue
 from function.control.reconcilers.gpu_leases import Subject, conditions_of, whole_seconds, write_event
+from function.core.families import NO_FAMILIES, ModelFamilies, models_of
 from function.core.inventory import (
+    POOL_SEPARATOR,
     Overlap,
     Stock,
-    base_model,
     gpu_node,
     model_of,
     overbooked,
     overlap_message,
+    pool_stock,
     stock_of,
 )
 from function.core.leases import API_VERSION, GROUP, KIND, LEASES, PLURAL, VERSION, Lease
@@ -93,10 +95,19 @@ class InventoryReconciler:
     )
     resync_seconds: float = 600.0
 
-    def __init__(self, api: Api, label: str, zones: Mapping[str, ZoneTable] = ZONES) -> None:
+    def __init__(
+        self,
+        api: Api,
+        label: str,
+        zones: Mapping[str, ZoneTable] = ZONES,
+        families: ModelFamilies = NO_FAMILIES,
+    ) -> None:
         self.api = api
         self.label = label
         self.zones = zones
+        self.families = families
+        self._pools: dict[str, set[str]] = {}
+        """model -> the keys of leases of several models it is one of (a Node of it makes them due)."""
         self.watches: tuple[WatchSpec, ...] = (LEASES, NODES)
         self._gpus: Gauge | None = None
         self._overbooked: Gauge | None = None
@@ -121,16 +132,26 @@ class InventoryReconciler:
             if gauge is not None:
                 gauge.clear()
 
+    def pool_of(self, lease: Lease) -> str:
+        """The key of a lease: its model, or its models joined with ``+`` (a family's GPUs are
+        the sum of its models')."""
+        models = models_of(lease, self.families)
+        pool = POOL_SEPARATOR.join(models)
+        if len(models) > 1:
+            for model in models:
+                self._pools.setdefault(model, set()).add(pool)
+        return pool
+
     def triggers(self, index: str, record: Record) -> Iterable[str]:
-        if isinstance(record, Lease) and record.model:
-            return (base_model(record.model),)
+        if isinstance(record, Lease) and record.models:
+            return (self.pool_of(record),)
         if isinstance(record, NodeRecord):
             model = model_of(record, self.label)
-            return (model,) if model else ()
+            return (model, *sorted(self._pools.get(model, ()))) if model else ()
         return ()
 
     def keys(self, view: ClusterView) -> Iterable[str]:
-        models = {base_model(r.model) for r in view.index(LEASES.index).values() if isinstance(r, Lease)}
+        models = {self.pool_of(r) for r in view.index(LEASES.index).values() if isinstance(r, Lease)}
         models |= {model_of(r, self.label) for r in view.index(NODES.index).values()}
         return sorted(model for model in models if model)
 
@@ -138,16 +159,25 @@ class InventoryReconciler:
         if not all(ctx.view.synced(spec.index) for spec in self.watches):
             return Requeue(1.0)  # no node listed yet reads as no GPU at all
         model = key
+        members = set(key.split(POOL_SEPARATOR))
         # The Nodes are few next to Pods: each reconcile reads them all (the view groups them by
         # the resources they advertise, not by model).
-        stock = stock_of(model, (gpu_node(node, self.label) for node in ctx.view.index(NODES.index).values()))
-        leases = [
+        nodes = [gpu_node(node, self.label) for node in ctx.view.index(NODES.index).values()]
+        stock = pool_stock(key, [stock_of(member, nodes) for member in sorted(members)])
+        # A lease of several models is held against their GPUs together, with every lease of
+        # those models (a lease of one of them competes for the same GPUs); conditions are
+        # written on the leases of this key only (a lease of one model by its model's key).
+        competing = [
             lease
             for lease in ctx.view.index(LEASES.index).values()
-            if isinstance(lease, Lease) and not lease.deleting and base_model(lease.model) == model
+            if isinstance(lease, Lease)
+            and not lease.deleting
+            and lease.models
+            and set(models_of(lease, self.families)) <= members
         ]
-        overlap = overbooked(leases, stock, ctx.now, self.zones)
-        if self._gpus is not None:
+        leases = [lease for lease in competing if self.pool_of(lease) == key]
+        overlap = overbooked(competing, stock, ctx.now, self.zones)
+        if self._gpus is not None and len(members) == 1:
             if stock.whole or leases:
                 self._gpus.labels(model).set(stock.whole / 1000)
             else:
@@ -210,7 +240,7 @@ def build(config: Config, api: Api, emit: Emit) -> InventoryReconciler | None:
     section = config.section("gpuLeases")
     if not section.enabled:
         return None
-    return InventoryReconciler(api, section.modelLabel)
+    return InventoryReconciler(api, section.modelLabel, families=section.families())
 
 
 PLUGIN = ReconcilerPlugin(name=NAME, build=build)

@@ -56,6 +56,7 @@ from function.core.budget import BudgetNow, Consumed, Period, budget_status, hou
 from function.core.config import Config
 from function.core.leases import (
     API_VERSION,
+    AUDIT,
     CHARGED,
     CHARGED_PODS,
     ENDS_ANNOTATION,
@@ -187,6 +188,7 @@ def desired_status(
     now: datetime,
     outliving: Outliving = Outliving(),
     zones: Mapping[str, ZoneTable] = ZONES,
+    pods: Iterable[ChargedPod] = (),
 ) -> dict[str, Any]:
     """The status fields this controller owns (pure), computed from the status the object shows
     (``lease.status``): GPU-hours add what was running since the last write."""
@@ -271,7 +273,34 @@ def desired_status(
         status["windowEnd"] = whole_seconds(end)
     if reading is not None and lease.budget is not None:
         status["budget"] = budget_status(reading, lease.budget.period == "Rolling")
+    by_model = models_status(lease, pods)
+    if by_model is not None:
+        status["models"] = by_model
     return status
+
+
+ANY_MODEL = "any"
+"""``status.models``: Pods of a lease of several models that may run on any of them."""
+
+
+def models_status(lease: Lease, pods: Iterable[ChargedPod]) -> list[dict[str, str]] | None:
+    """``status.models`` of a lease of several models or a family (or with caps): GPU-equivalents
+    in use per model, as each Pod was charged (MODEL_ANNOTATION), and each model's cap; None for
+    a lease of one model whose Pods name none."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        if pod.state in (CHARGED, AUDIT):
+            used[pod.model or ANY_MODEL] = used.get(pod.model or ANY_MODEL, 0) + pod.charge
+    if len(lease.models) <= 1 and not lease.caps and set(used) <= {ANY_MODEL}:
+        return None
+    caps = dict(lease.caps)
+    rows = []
+    for model in [*caps, *sorted(m for m in used if m not in caps)]:
+        row = {"model": model, "used": gpus(used.get(model, 0))}
+        if model in caps:
+            row["cap"] = gpus(caps[model])
+        rows.append(row)
+    return rows
 
 
 def whole_seconds(moment: datetime) -> str:
@@ -617,7 +646,7 @@ class LeaseReconciler:
                     steps += self._evict_all(lease, [p for p in pods if p.state != QUEUED], ctx.now)
             steps += self._notices(lease, pods, running, ctx.now)
         outliving = self._outliving(lease, pods, ctx.now)
-        desired = desired_status(lease, usage, running, ctx.now, outliving, zones)
+        desired = desired_status(lease, usage, running, ctx.now, outliving, zones, pods)
         steps = self._lifecycle(lease, desired) + self._closed_periods(lease, desired, ctx.now) + steps
         for step in steps:
             self._tell(step)

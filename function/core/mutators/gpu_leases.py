@@ -30,12 +30,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from function.core.budget import BudgetNow
 from function.core.configtypes import MutatorConfig, PositiveInt, ResourceName, check_resource_name
+from function.core.families import ModelFamilies, base_model, is_family, models_of, node_values
 from function.core.leases import (
     AUDIT,
     CHARGE_ANNOTATION,
@@ -46,9 +48,12 @@ from function.core.leases import (
     ENDS_ANNOTATION,
     FORGED_ANNOTATION,
     GATE,
+    LABEL_VALUE,
     LEASE_LABEL,
     LEASE_NAMESPACES,
     LEASES,
+    MAX_MODELS,
+    MODEL_ANNOTATION,
     OVERFLOW,
     PRIORITY_ANNOTATION,
     QUEUED,
@@ -114,6 +119,8 @@ class LedgerCharge:
     decision: str
     charge: int
     state: str
+    model: str = ""
+    """MODEL_ANNOTATION: the model of a family lease the Pod is charged as ("" any)."""
 
 
 class GpuLeasesConfig(MutatorConfig):
@@ -144,6 +151,27 @@ class GpuLeasesConfig(MutatorConfig):
     overflowSpotScheme: str = "castai"
     """How spot nodes are marked, for ``overflow: Preemptible`` (castai, karpenter, gke, eks, aks)."""
     ledgerTTLSeconds: PositiveInt = 60
+    modelFamilies: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    """Family name -> its GPU models (values of ``modelLabel``): a lease whose gpuModel (or one of
+    whose gpuModels) is a family is charged by Pods on any of its models, to one count
+    (``function.core.families``; GFD's ``-SHARED`` and MIG suffixes name the same model)."""
+
+    @field_validator("modelFamilies")
+    @classmethod
+    def _families(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for name, models in value.items():
+            for what in (name, *models):
+                if not isinstance(what, str) or len(what) > 63 or not LABEL_VALUE.match(what):
+                    raise ValueError(f"{what!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ .)")
+            if not 1 <= len(models) <= MAX_MODELS:
+                raise ValueError(f"family {name!r}: 1 to {MAX_MODELS} models")
+            nested = [model for model in models if model in value]
+            if nested:
+                raise ValueError(f"family {name!r} names the family {nested[0]!r}: list its models instead")
+        return value
+
+    def families(self) -> ModelFamilies:
+        return MappingProxyType(dict(self.modelFamilies))
 
     @field_validator(
         "wholeResources", "sharedResource", "memoryPercentageResource", "coresResource", "memoryResource"
@@ -234,6 +262,48 @@ class Verdict:
     ends: datetime | None = None
     """When the time the Pod is admitted for ends (ENDS_ANNOTATION)."""
     budget: BudgetNow | None = None
+    model: str = ""
+    """A lease of several models or a family: the model the Pod is charged as ("" any of targets)."""
+    targets: tuple[str, ...] = ()
+    """A lease of several models or a family: the models the Pod is pinned to (inject_model)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a Pod charged to a lease of several models or a family may run, and as what."""
+
+    model: str
+    """The model it is charged as (MODEL_ANNOTATION; "" any of ``targets``)."""
+    targets: tuple[str, ...]
+    """The lease's models it may run on (it is pinned to them when it could run elsewhere)."""
+    pin: bool
+    full: str = ""
+    """The cap of ``model`` this Pod would exceed, described ("" within it)."""
+
+
+def family_candidates(models: Models, family: tuple[str, ...]) -> list[str]:
+    """The models of ``family`` a Pod that may run on ``models`` may run on (a product label with
+    GFD's suffixes is the model it names)."""
+    if models.only is not None:
+        named = {base_model(value) for value in models.only}
+        return [model for model in family if model in named]
+    return [model for model in family if model not in models.excluded]
+
+
+def model_used(view: ClusterView, lease: Lease, model: str, replacing: str = "") -> int:
+    """milli-GPU charged (or queued) as ``model`` to the lease: its Pods the view shows and this
+    process's charges it does not show yet. Walks the lease's Pods: only for a capped model."""
+    used = 0
+    shown: set[str] = set()
+    for record in view.group(CHARGED_PODS.index, lease.charged_key).values():
+        shown.add(getattr(record, "decision", ""))
+        if getattr(record, "model", "") == model and getattr(record, "state", "") != OVERFLOW:
+            used += getattr(record, "charge", 0)
+    for entry in view.index(LEDGER_INDEX).get(lease.charged_key, ()):
+        counted = entry.decision in shown or (replacing and entry.decision == replacing)
+        if entry.model == model and entry.state != OVERFLOW and not counted:
+            used += entry.charge
+    return used
 
 
 _PHASE_RANK = {Phase.Active: 0, Phase.Pending: 1, Phase.Closed: 1, Phase.Exhausted: 1}
@@ -260,6 +330,7 @@ class GpuLeases:
         self.config = config
         self.units = config.units(claim_templates)
         self.scheme = BUILTIN_SCHEMES[config.overflowSpotScheme]
+        self.families = config.families()
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         if ctx.operation != "CREATE":
@@ -383,12 +454,53 @@ class GpuLeases:
         if isinstance(chosen, Verdict):
             return chosen
         lease, pin = chosen
+        family = self.family_of(lease)
+        if family is not None:
+            return self._decide_family(pod, lease, family, models, view, replacing, charge, warnings)
         if lease.model != (models.exactly or "") and depends_on_model(pod, self.units):
             charge = pod_charge(pod, self.units, lease.model)  # a slice's or a memory size's share
         usage = lease_usage(view, lease.charged_key, replacing)
         verdict = self._judge(lease, charge, usage, now, pin, zones_of(view))
         if warnings:
             return replace(verdict, warnings=verdict.warnings + warnings)
+        return verdict
+
+    def _decide_family(
+        self,
+        pod: Pod,
+        lease: Lease,
+        family: tuple[str, ...],
+        models: Models,
+        view: ClusterView,
+        replacing: str,
+        charge: int,
+        warnings: tuple[str, ...],
+    ) -> Verdict:
+        """A lease of several models or a family: one count for all of them, a cap per model."""
+        placement = self._place(lease, family, models, view, replacing, charge)
+        if depends_on_model(pod, self.units):
+            # A slice's or a memory size's share: the largest over the models it may land on.
+            charge = max(pod_charge(pod, self.units, model) for model in placement.targets)
+            placement = self._place(lease, family, models, view, replacing, charge)
+        usage = lease_usage(view, lease.charged_key, replacing)
+        assert view.now is not None
+        verdict = self._judge(lease, charge, usage, view.now, placement.pin, zones_of(view))
+        if placement.full and verdict.state in (CHARGED, QUEUED, AUDIT):
+            head = f"gpu lease {lease.name} ({lease.model})"
+            text = (
+                f"{head}: {placement.full}; remedy: wait for a Pod on {placement.model} to finish, use "
+                f"another model of the lease ({', '.join(family)}), or ask for a bigger cap"
+            )
+            if lease.enforcement != Enforcement.Audit:
+                return self._refuse("LeaseExhausted", text, charge, lease, usage)
+            verdict = replace(
+                verdict,
+                state=AUDIT,
+                warnings=(fit_warning("castslice: audit lease, would be LeaseExhausted: ", text)[:120],),
+            )
+        verdict = replace(
+            verdict, model=placement.model, targets=placement.targets, warnings=verdict.warnings + warnings
+        )
         return verdict
 
     def _refuse(
@@ -424,17 +536,17 @@ class GpuLeases:
                     "remedy: label the Pod as the lease's podSelector asks, or name another lease",
                     charge,
                 )
-            if not models.allows(lease.model):
+            if not self._allows(models, lease):
                 return self._refuse(
                     "NoMatchingLease",
                     f"gpu lease {lease.name} is for {lease.model}, but the Pod may run only on "
                     f"{models.describe()} ({label}: its nodeSelector and required node affinity)",
                     charge,
                 )
-            return lease, models.exactly != lease.model
+            return lease, self._pins(models, lease)
         candidates = [lease for lease in valid if lease.matches(labels)]
         if models.constrained:
-            of_model = [lease for lease in candidates if models.allows(lease.model)]
+            of_model = [lease for lease in candidates if self._allows(models, lease)]
             if not of_model:
                 return self._refuse(
                     "NoMatchingLease",
@@ -463,7 +575,58 @@ class GpuLeases:
         lease = self._best(pod, candidates, now, view, replacing)
         # A Pod that may run on another model than its lease's is pinned to it (nodeSelector is
         # ANDed with its affinity), so a Pod charged to H100 runs on H100.
-        return lease, models.exactly != lease.model
+        return lease, self._pins(models, lease)
+
+    # -- leases of several models or a family ----------------------------------------------------
+    def family_of(self, lease: Lease) -> tuple[str, ...] | None:
+        """The models of a lease of several models or a family; None for a lease of one model."""
+        return models_of(lease, self.families) if is_family(lease, self.families) else None
+
+    def _allows(self, models: Models, lease: Lease) -> bool:
+        family = self.family_of(lease)
+        if family is None:
+            return models.allows(lease.model)
+        return bool(family_candidates(models, family))
+
+    def _pins(self, models: Models, lease: Lease) -> bool:
+        family = self.family_of(lease)
+        if family is None:
+            return models.exactly != lease.model
+        return models.only is None or any(base_model(value) not in family for value in models.only)
+
+    def _place(
+        self,
+        lease: Lease,
+        family: tuple[str, ...],
+        models: Models,
+        view: ClusterView,
+        replacing: str,
+        charge: int,
+    ) -> Placement:
+        """The model a Pod is charged as and the models it is pinned to: the one model of the
+        lease it may run on; else those of them without a cap (charged to the lease as a whole,
+        "any"); else the first capped model with room under its cap (the lease's order)."""
+        candidates = family_candidates(models, family)
+        caps = dict(lease.caps)
+        targets = candidates
+        if len(candidates) > 1 and any(model in caps for model in candidates):
+            uncapped = [model for model in candidates if model not in caps]
+            if uncapped:
+                targets = uncapped
+            else:
+                room = [m for m in candidates if model_used(view, lease, m, replacing) + charge <= caps[m]]
+                targets = (room or candidates)[:1]
+        model = targets[0] if len(targets) == 1 else ""
+        full = ""
+        if model in caps:
+            used = model_used(view, lease, model, replacing)
+            if used + charge > caps[model]:
+                full = (
+                    f"the cap of {model} is {gpus(caps[model])} GPU, {gpus(used)} in use, "
+                    f"this Pod needs {gpus(charge)}"
+                )
+        pin = models.only is None or any(base_model(value) not in targets for value in models.only)
+        return Placement(model, tuple(targets), pin, full)
 
     def _best(self, pod: Pod, leases: list[Lease], now: datetime, view: ClusterView, replacing: str) -> Lease:
         if len(leases) == 1:
@@ -637,7 +800,11 @@ class GpuLeases:
         if verdict.ends is not None and verdict.state != QUEUED:
             # Readable by the Pod through the downward API; a queued Pod gets it when it starts.
             annotations[ENDS_ANNOTATION] = until(verdict.ends)
-        if verdict.inject_model:
+        if verdict.model:
+            annotations[MODEL_ANNOTATION] = verdict.model
+        if verdict.inject_model and verdict.targets:
+            pin_to(pod, self.config.modelLabel, node_values(verdict.targets))
+        elif verdict.inject_model:
             ensure_map(spec, "nodeSelector")[self.config.modelLabel] = lease.model
         if verdict.state == QUEUED:
             gates = spec.get("schedulingGates")
@@ -675,6 +842,28 @@ class _Judged:
             self.ends,
             self.reading,
         )
+
+
+def pin_to(pod: Pod, label: str, values: tuple[str, ...]) -> None:
+    """ANDs ``label In values`` into each required node selector term of the Pod (a new term when
+    it has none), so it runs only on a node of those models, wherever else it may run."""
+    expression = {"key": label, "operator": "In", "values": list(values)}
+    spec = ensure_map(pod, "spec")
+    node = ensure_map(ensure_map(spec, "affinity"), "nodeAffinity")
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(required, dict) or not isinstance(terms, list) or not terms:
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{"matchExpressions": [expression]}]
+        }
+        return
+    for term in terms:
+        # An empty term matches no node: it stays empty rather than start matching these models.
+        if isinstance(term, dict) and (term.get("matchExpressions") or term.get("matchFields")):
+            expressions = term.get("matchExpressions")
+            if not isinstance(expressions, list):
+                expressions = term["matchExpressions"] = []
+            expressions.append({**expression, "values": list(values)})
 
 
 def refused(head: str, reason: str) -> str:
@@ -763,8 +952,10 @@ def ledger_charge(pod: Mapping[str, Any]) -> tuple[str, LedgerCharge] | None:
     ):
         return None
     state = labels.get(STATE_LABEL)
+    model = annotations.get(MODEL_ANNOTATION)
     return f"{namespace}/{lease}", LedgerCharge(
         decision,
         parse_charge(annotations.get(CHARGE_ANNOTATION)),
         state if isinstance(state, str) else CHARGED,
+        model if isinstance(model, str) else "",
     )
