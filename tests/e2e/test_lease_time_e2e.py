@@ -42,6 +42,8 @@ TAINT = "castslice.test/lease-time"
 ROUTE = "castslice-e2e-lease-time"
 SYSTEM = "lease-time-system"
 BUDGET, WINDOW, QUEUE, INVENTORY = "time-budget", "time-window", "time-queue", "time-inventory"
+FAMILY = "time-family"
+NAMESPACES = (BUDGET, WINDOW, QUEUE, INVENTORY, FAMILY)
 GROUP, VERSION, PLURAL = "castops.io", "v1alpha1", "gpuleases"
 ENDS = "castops.io/gpu-lease-ends"
 QUEUED_CONDITION = "castops.io/GpuLeaseQueued"
@@ -62,7 +64,10 @@ NODES = (
         {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
     ),
 )
-CONFIG: dict[str, Any] = {"gpuSlicing": {"enabled": False}, "gpuLeases": {"enabled": True}}
+CONFIG: dict[str, Any] = {
+    "gpuSlicing": {"enabled": False},
+    "gpuLeases": {"enabled": True, "modelFamilies": {"hopper": [H100, H200]}},
+}
 FAST_ELECTION = ["--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1"]
 
 
@@ -97,7 +102,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     )
     registration.create_validating_webhook_configuration(validating)
     core.create_namespace({"metadata": {"name": SYSTEM}})
-    for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY):
+    for namespace in NAMESPACES:
         plane.create_namespace(namespace, labels={ROUTE: "yes"})
     config_path = plane.workdir / "castslice-control-lease-time.yaml"
     config_path.write_text(yaml.safe_dump(CONFIG))
@@ -122,7 +127,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
         registration.delete_validating_webhook_configuration("e2e-lease-time-validate")
         server.stop()
         sink.shutdown()
-        for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY):  # our finalizer is gone with the controller
+        for namespace in NAMESPACES:  # our finalizer is gone with the controller
             for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
                 custom.patch_namespaced_custom_object(
                     GROUP,
@@ -132,7 +137,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
                     item["metadata"]["name"],
                     {"metadata": {"finalizers": None}},
                 )
-        for namespace in (BUDGET, WINDOW, QUEUE, INVENTORY, SYSTEM):
+        for namespace in (*NAMESPACES, SYSTEM):
             core.delete_namespace(namespace)
         for node in NODES:
             core.delete_node(node.name)
@@ -534,3 +539,60 @@ def test_leases_overbooking_eight_gpus_are_flagged_until_one_is_shortened_and_an
     )
     record_property("inventory_overbooked_flagged_s", f"{flagged:.1f}")
     record_property("inventory_unknown_model_flagged_s", f"{time.monotonic() - began:.1f}")
+
+
+def test_a_family_lease_of_h100_or_h200_is_charged_by_pods_on_either_within_its_cap(
+    cluster: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    """A lease of the family ``hopper`` (H100 or H200, from the configuration), 3 GPUs with at
+    most 1 H200: a Pod on each model charged to the one count; a second H200 Pod refused by the
+    cap; a Pod naming no model pinned where no cap holds it (H100) and bound there; the fourth
+    refused by the count; the status per model; the inventory holds the family against both
+    nodes' GPUs together. Both fields at once are refused by the CRD, naming them."""
+    from kubernetes.client import ApiException
+
+    state = cluster
+    began = time.monotonic()
+    with pytest.raises(ApiException) as both:
+        create_lease(state, FAMILY, "both", model=H100, count=1, gpuModels=[H100, H200])
+    assert both.value.status == 422 and "spec.gpuModels" in str(both.value.body)
+    create_lease(state, FAMILY, "hopper", model="hopper", count=3, caps={H200: 1})
+
+    def on(name: str, model: str | None) -> dict[str, Any]:
+        return gpu_pod(name, nodeSelector={MODEL_LABEL: model} if model else {})
+
+    for name, model in (("on-h100", H100), ("on-h200", H200)):
+        created = create_pod(state, FAMILY, on(name, model))
+        assert created.metadata.labels["castops.io/gpu-lease"] == "hopper"
+        assert created.metadata.annotations["castops.io/gpu-lease-model"] == model
+    capped = denial(state, FAMILY, on("second-h200", H200))
+    assert "LeaseExhausted" in capped and f"the cap of {H200} is 1 GPU, 1 in use" in capped
+    anywhere = create_pod(state, FAMILY, on("anywhere", None))
+    assert anywhere.metadata.annotations["castops.io/gpu-lease-model"] == H100
+    required = anywhere.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    assert required.node_selector_terms[0].match_expressions[0].values == [H100, f"{H100}-SHARED"]
+    full = denial(state, FAMILY, on("fourth", H100))
+    assert "LeaseExhausted" in full and "3 of 3 GPU in use" in full
+    for name, node in (("on-h100", "time-h100-1"), ("on-h200", "time-h200-1"), ("anywhere", "time-h100-1")):
+        eventually(lambda name=name: bound(state, FAMILY, name), 60, f"{name} bound")
+        assert read_pod(state, FAMILY, name).spec.node_name == node
+    shown = eventually(
+        lambda: (
+            lease_status(state, FAMILY, "hopper").get("models")
+            == [{"model": H200, "used": "1", "cap": "1"}, {"model": H100, "used": "2"}]
+            and lease_status(state, FAMILY, "hopper")
+        ),
+        30,
+        "the status per model",
+    )
+    assert shown["used"] == "3" and shown["free"] == "0"
+    offered = eventually(
+        lambda: (
+            condition(state, FAMILY, "hopper", "ModelOffered").get("status") == "True"
+            and condition(state, FAMILY, "hopper", "ModelOffered")
+        ),
+        30,
+        "the family offered",
+    )
+    assert "16 GPU on 2 node(s)" in offered["message"], offered
+    record_property("family_lease_s", f"{time.monotonic() - began:.1f}")
