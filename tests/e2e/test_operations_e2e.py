@@ -64,7 +64,10 @@ test_spot_e2e's)."""
 GPU_SHARED, GPU = "nvidia.com/gpu-shared", "nvidia.com/gpu"
 ADMISSION_TYPES = "io.castops.castslice.admission."
 
-LOAD_SECONDS = 60
+LOAD_SECONDS = 300
+"""At most; the rolling restart stops the load once its restarts are done."""
+RESTART_ROUNDS = 5
+"""Each of the two serving processes is restarted this many times under the load."""
 GPU_PODS_PER_SECOND = 15
 CLIENTS = 8
 DEPLOYMENTS, SCALE_EVERY = 10, 2.0
@@ -546,7 +549,7 @@ class Load:
             number = worker
             while True:
                 due = self.started + number / GPU_PODS_PER_SECOND
-                if due >= deadline:
+                if due >= deadline or self.stop.is_set():
                     return
                 time.sleep(max(0.0, due - time.monotonic()))
                 try:
@@ -563,7 +566,7 @@ class Load:
         step = 0
         while True:
             due = self.started + step * SCALE_EVERY / len(names)
-            if due >= deadline:
+            if due >= deadline or self.stop.is_set():
                 return
             time.sleep(max(0.0, due - time.monotonic()))
             name = names[step % len(names)]
@@ -621,8 +624,9 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     refused_before, no_endpoint_before = proxy.refused, proxy.no_endpoint
     load = Load(ops, namespace)
     load.run(LOAD_SECONDS)
-    # A rolling restart meanwhile: SIGTERM one, start its replacement, wait for it to be ready,
-    # then the other; the controllers' Deployment rolls at the same time (the leader first).
+    # Rolling restarts meanwhile, RESTART_ROUNDS of them: SIGTERM one, start its replacement, wait
+    # for it to be ready, then the other; the controllers' Deployment rolls once at the same time
+    # (the leader first). The load runs from 10 s before the first SIGTERM to 5 s after the last.
     time.sleep(10)
     controllers: Controllers = ops["controllers"]
     poller = controllers.poll()
@@ -631,16 +635,19 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     rolling_controllers.start()
     started: list[tuple[str, str, float, list[float]]] = []
     stopping: list[threading.Thread] = []
-    for old in list(replicas.running):
-        began = time.monotonic()
-        exit_seconds: list[float] = []
-        stopping.append(
-            threading.Thread(target=lambda old=old, out=exit_seconds: out.append(replicas.terminate(old)))
-        )
-        stopping[-1].start()
-        replacement = replicas.start()
-        started.append((old.name, replacement.name, round(time.monotonic() - began, 1), exit_seconds))
-        time.sleep(5)
+    for _ in range(RESTART_ROUNDS):
+        for old in list(replicas.running):
+            began = time.monotonic()
+            exit_seconds: list[float] = []
+            stopping.append(
+                threading.Thread(target=lambda old=old, out=exit_seconds: out.append(replicas.terminate(old)))
+            )
+            stopping[-1].start()
+            replacement = replicas.start()
+            started.append((old.name, replacement.name, round(time.monotonic() - began, 1), exit_seconds))
+            time.sleep(5)
+    restarted_under_load = time.monotonic() - load.started < LOAD_SECONDS  # not past the load's end
+    load.stop.set()
     elapsed = load.join()
     for thread in stopping:  # an old replica may outlive the load, holding idle connections
         thread.join(GRACE_SECONDS + 10)
@@ -714,6 +721,7 @@ def test_a_rolling_restart_under_load_lets_no_pod_through_and_keeps_one_leader(
     assert len(mutated) == len(pods)
     assert failed_open == 0 and refused == 0 and no_endpoint == 0, summary
     assert leaders_at_once == 1 and len(handovers) == 2, summary
+    assert len(restarts) == 2 * RESTART_ROUNDS and restarted_under_load, summary
 
 
 def ready(server: ServedWebhook) -> bool:
