@@ -139,3 +139,32 @@ def test_the_inventory_reconciler_runs_with_gpu_leases_and_watches_nodes() -> No
     assert built is not None
     rules = control_rbac_rules([built])
     assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]} in rules
+
+
+def test_a_family_lease_is_held_against_its_models_gpus_together_with_their_leases() -> None:
+    h200 = "NVIDIA-H200"
+    family = lease_obj("hopper", 10, "2026-11-25T18:00:00Z", model="hopper")
+    cluster = Cluster(
+        [family, lease_obj("h100", 4, "2026-11-25T18:00:00Z")],
+        [node_obj("gpu-1", 8), node_obj("gpu-2", 8, f"{h200}-SHARED")],
+    )
+    reconciler = InventoryReconciler(cluster, LABEL, families={"hopper": (H100, h200)})
+    assert sorted(reconciler.keys(cluster.view())) == [H100, f"{H100}+{h200}", h200]
+    # A Node of one of the models makes the family due too.
+    node = NODES.slim(node_obj("gpu-3", 8, h200))
+    assert tuple(reconciler.triggers(NODES.index, node)) == (h200, f"{H100}+{h200}")
+    reconcile_all(reconciler, cluster)
+    offered = cluster.condition("hopper", "ModelOffered")
+    assert offered["status"] == "True" and "on 2 node(s)" in offered["message"], offered
+    # 10 of the family and the 4 H100 open together: 14 of the 16 GPUs, then one more lease of 4.
+    assert cluster.condition("hopper", "Overbooked")["status"] == "False"
+    assert cluster.condition("h100", "Overbooked")["status"] == "False"
+    more = lease_obj("h200", 4, "2026-11-25T18:00:00Z", model=h200)
+    cluster.leases["h200"] = more
+    cluster.handlers[("PATCH", "/apis/castops.io/v1alpha1/namespaces/ml/gpuleases/h200/status")] = (
+        cluster._applier("h200")
+    )
+    reconcile_all(reconciler, cluster)
+    over = cluster.condition("hopper", "Overbooked")
+    assert over["status"] == "True" and "18 GPU" in over["message"], over
+    assert cluster.condition("h200", "Overbooked")["status"] == "False"  # 4 of its own model's 8

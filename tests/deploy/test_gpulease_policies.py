@@ -16,8 +16,8 @@ from function.core import leases
 COMPONENT = Path(__file__).resolve().parents[2] / "knative" / "components" / "gpu-leases"
 
 
-def policies() -> dict[tuple[str, str], dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all((COMPONENT / "lease-policies.yaml").read_text()) if d]
+def policies(name: str = "lease-policies.yaml") -> dict[tuple[str, str], dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all((COMPONENT / name).read_text()) if d]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
@@ -99,3 +99,12 @@ def test_the_shipped_configuration_charges_only_resources_the_policy_calls_gpus(
         "nvidia.com/mig-1g.10gb",
     ):
         assert name.startswith(leases.GPU_RESOURCE_PREFIXES), name
+
+
+def test_the_stamp_policy_keeps_each_annotation_only_castslice_writes() -> None:
+    stamp = policies("stamp-policy.yaml")[("ValidatingAdmissionPolicy", "castslice-gpulease-stamp")]["spec"]
+    guarded = {key for rule in stamp["validations"] for key in cel_strings(rule["expression"])}
+    # The charge, the decision, the priority and the model a family lease charged: fixed at
+    # creation; the end: the controller's to keep.
+    assert set(leases.STAMP_ANNOTATIONS) <= guarded
+    assert set(leases.STAMP_LABELS) <= guarded
