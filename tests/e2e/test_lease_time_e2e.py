@@ -273,24 +273,39 @@ class BoundGpus:
 
     def _run(self) -> None:
         from kubernetes import watch
+        from kubernetes.client import ApiException
 
+        # Each stream resumes at the last resourceVersion seen: a bind that happened while a new
+        # stream was being opened is delivered as it happens, not with the next list (which made
+        # every Pod bound during that gap look bound later than it was).
+        version: str | None = None
         while not self._stop.is_set():
             stream = watch.Watch()
-            for event in stream.stream(self.core.list_namespaced_pod, self.namespace, timeout_seconds=5):
-                now = time.time()
-                pod = event["object"]
-                uid = pod.metadata.uid
-                if event["type"] == "DELETED":
-                    if uid in self.spans and self.spans[uid][2] == float("inf"):
-                        self.spans[uid][2] = now
-                elif pod.spec.node_name and uid not in self.spans:
-                    gpus = sum(
-                        int((c.resources.limits or {}).get("nvidia.com/gpu", "0"))
-                        for c in pod.spec.containers
-                    )
-                    self.spans[uid] = [gpus, now, float("inf")]
-                if self._stop.is_set():
-                    stream.stop()
+            try:
+                for event in stream.stream(
+                    self.core.list_namespaced_pod, self.namespace, timeout_seconds=5, resource_version=version
+                ):
+                    version = event["object"].metadata.resource_version
+                    self._seen(event)
+                    if self._stop.is_set():
+                        stream.stop()
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                version = None  # expired: start again from a list
+
+    def _seen(self, event: dict[str, Any]) -> None:
+        now = time.time()
+        pod = event["object"]
+        uid = pod.metadata.uid
+        if event["type"] == "DELETED":
+            if uid in self.spans and self.spans[uid][2] == float("inf"):
+                self.spans[uid][2] = now
+        elif pod.spec.node_name and uid not in self.spans:
+            gpus = sum(
+                int((c.resources.limits or {}).get("nvidia.com/gpu", "0")) for c in pod.spec.containers
+            )
+            self.spans[uid] = [gpus, now, float("inf")]
 
     def gpu_hours(self, start: float, end: float) -> float:
         total = 0.0
