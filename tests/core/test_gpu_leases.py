@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from function.core.families import base_model, is_family, models_of, node_values
@@ -26,6 +28,7 @@ from function.core.leases import (
     STATE_LABEL,
     lease_label,
     lease_problems,
+    pod_models,
     slim_charged_pod,
     slim_lease,
     slim_required_namespace,
@@ -789,3 +792,50 @@ def test_the_model_is_part_of_the_stamp() -> None:
     assert MODEL_ANNOTATION in STAMP_ANNOTATIONS
     record = slim_charged_pod(on(H200, 1000, 1))
     assert record is not None and record.model == H200
+
+
+def _runs_on(p: dict[str, Any]) -> set[str]:
+    """The models of the family a Pod may be scheduled on, as the scheduler reads its selectors."""
+    models = pod_models(p, MODEL)
+    return {model for model in (H100, H200) if any(models.allows(v) for v in node_values((model,)))}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=8),
+    st.dictionaries(st.sampled_from([H100, H200]), st.integers(min_value=0, max_value=4), max_size=2),
+    st.lists(
+        st.tuples(st.sampled_from([H100, H200, f"{H200}-SHARED", None]), st.integers(1, 3)), max_size=12
+    ),
+)
+def test_a_family_lease_never_admits_beyond_its_count_or_a_cap_and_each_pod_runs_where_charged(
+    count: int, caps: dict[str, int], asks: list[tuple[str | None, int]]
+) -> None:
+    """Pods on either model or none, one after another, each admitted one recorded as the view
+    would show it: the count and every cap hold, and a Pod charged as a model may run only there."""
+    lease = family_lease(
+        count, **({"caps": {m: c for m, c in caps.items() if c}} if any(caps.values()) else {})
+    )
+    admitted: list[dict[str, Any]] = []
+    for n, (model, gpus) in enumerate(asks):
+        p = pod(gpus, model=model)
+        result = decide(p, view([lease], admitted))
+        if result.action != Action.mutated:
+            continue
+        annotations = p["metadata"]["annotations"]
+        charged_as = annotations.get(MODEL_ANNOTATION, "")
+        runs_on = _runs_on(p)
+        assert runs_on and (not charged_as or runs_on == {charged_as}), (charged_as, runs_on)
+        admitted.append(on(charged_as, gpus * 1000, n))
+        capped = {m for m, c in caps.items() if c}
+        # A Pod "any" never lands on a capped model.
+        assert charged_as or not (runs_on & capped), (runs_on, capped)
+    assert sum(int(a["metadata"]["annotations"][CHARGE_ANNOTATION][:-1]) for a in admitted) <= count * 1000
+    for model, cap in caps.items():
+        if cap:
+            used = sum(
+                int(a["metadata"]["annotations"][CHARGE_ANNOTATION][:-1])
+                for a in admitted
+                if a["metadata"]["annotations"].get(MODEL_ANNOTATION) == model
+            )
+            assert used <= cap * 1000, (model, used, cap)
