@@ -31,7 +31,7 @@ from function.core.families import SHARED_SUFFIX, base_model
 from function.core.leases import Lease, Phase, gpus, until
 from function.core.quantity import QuantityError, parse_quantity
 from function.core.schedule import Recurrence, ZoneTable, next_start, span_at, zone_of
-from function.core.view import NodeRecord
+from function.core.view import NODES, ClusterView, NodeRecord
 
 HORIZON = timedelta(days=8)
 """How far ahead overlapping windows are looked for (a week of recurring windows, and a day)."""
@@ -112,6 +112,11 @@ class Stock:
     mig: int = 0
     nodes: int = 0
 
+    @property
+    def offered(self) -> bool:
+        """Some Node offers the model, whole, sliced or as MIG devices."""
+        return self.whole > 0 or self.slices > 0 or self.mig > 0
+
     def describe(self) -> str:
         parts = [f"{gpus(self.whole)} GPU on {self.nodes} node(s)"]
         if self.slices:
@@ -145,6 +150,26 @@ def pool_stock(key: str, members: Iterable[Stock]) -> Stock:
             nodes + stock.nodes,
         )
     return Stock(key, whole, slices, mig, nodes)
+
+
+def not_offered_message(model: str, label: str) -> str:
+    """What a lease of ``model`` (a key of several models joined with POOL_SEPARATOR) is told
+    when no Node offers it: its condition, Event and the warning at apply say the same."""
+    return f"no node offers {model} (node label {label}): nothing can run on this lease"
+
+
+def offered_any(models: Iterable[str], view: ClusterView, label: str) -> bool | None:
+    """Whether some Node of ``view`` offers one of ``models`` (each read as ``base_model``; a
+    lease of several models, or a family, runs on any of them, as the inventory holds it against
+    their GPUs together); None when the view cannot tell (no Nodes watched, or not listed yet): a
+    guess would warn about a model the cluster has. Walks the Nodes once (few next to Pods)."""
+    if not view.available or not view.synced(NODES.index):
+        return None
+    wanted = {base_model(model) for model in models if model}
+    if not wanted:
+        return None
+    found = [gpu_node(node, label) for node in view.index(NODES.index).values()]
+    return any(stock_of(model, found).offered for model in wanted)
 
 
 def stocks(nodes: Iterable[Any]) -> dict[str, Stock]:

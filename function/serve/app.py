@@ -27,7 +27,7 @@ from function.core.view import EMPTY_VIEW, ClusterView, WatchSpec
 from function.kube.watch import ClusterWatcher, Transport
 from function.logs import configure_logging
 from function.serve.draining import DRAINING
-from function.serve.http_api import HttpReply, WebhookHttp, problem
+from function.serve.http_api import HttpReply, WebhookHttp, problem, validators_with_view
 from function.serve.lease_ledger import lease_ledger_for
 from function.serve.ledger import DecisionTurns, LedgerRecorder, with_ledgers
 from function.serve.offload import LargeReviews
@@ -127,12 +127,17 @@ def build_webhook_and_recorder(
             and (offload is None or offload.ready())
         )
 
+    # A GpuLease of a model no Node offers is warned about at apply, from this snapshot's Nodes.
+    leases = config.section("gpuLeases")
     webhook = WebhookHttp(
         admission,
         ready=ready,
         metrics=recorder.metrics_text,
         large_reviews=offload,
         unreadable=(lambda: {}) if watcher is None else watcher.unreadable,
+        validators=validators_with_view(snapshot, leases.modelLabel, leases.families())
+        if leases_on
+        else None,
     )
     webhook.watcher = watcher
     return webhook, recorder

@@ -34,6 +34,8 @@ from function.contract import (
     VALIDATE_PODMUTATIONS_PATH,
 )
 from function.core.engine import Decision
+from function.core.families import ModelFamilies
+from function.core.view import ClusterView
 from function.zones import ZONES
 
 if TYPE_CHECKING:
@@ -80,6 +82,10 @@ class ReviewHandler(Protocol):
         ...
 
 
+Validator = tuple[str, Callable[[AdmissionReview], AdmissionResponse]]
+"""A validating webhook: what it validates (named in a bad request's log line), and the judge."""
+
+
 def is_review(method: str, path: str) -> bool:
     """An admission review: the one test every host and the router make."""
     return method == "POST" and path in MUTATE_PATHS
@@ -93,16 +99,19 @@ class WebhookHttp:
         metrics: Callable[[], bytes] | None = None,
         large_reviews: LargeReviews | None = None,
         unreadable: Callable[[], Mapping[str, Mapping[str, str]]] = lambda: {},
+        validators: Mapping[str, Validator] | None = None,
     ) -> None:
         """``large_reviews``: where ``answer`` sends reviews larger than LARGE_BODY_BYTES (a child
         process, function/serve/offload.py); None decides every review in this process.
         ``unreadable``: objects the cluster view could not read and left out, by index (named in
-        the readiness answer)."""
+        the readiness answer). ``validators``: the validating webhooks answered, by path
+        (default VALIDATORS, which read no cluster view)."""
         self.admission = admission
         self.ready = ready
         self.unreadable = unreadable
         self.metrics = metrics
         self.large_reviews = large_reviews
+        self.validators = VALIDATORS if validators is None else validators
         self.watcher: Any = None
         """The cluster view's ClusterWatcher when an enabled mutator needs one (its owner stops it)."""
 
@@ -135,7 +144,7 @@ class WebhookHttp:
     def _route(self, method: str, path: str, body: bytes | None) -> HttpReply:
         if is_review(method, path):
             return TOO_LARGE if body is None else self.mutate(body)
-        validate = VALIDATORS.get(path)
+        validate = self.validators.get(path)
         if validate is not None or path in MUTATE_PATHS:
             if method != "POST" or validate is None:  # a review path is here when not POSTed
                 return problem(405, f"{method} not allowed on {path}: use POST", {"Allow": "POST"})
@@ -196,8 +205,20 @@ class WebhookHttp:
         return json_reply(200, review_object(review).review(review.apiVersion))
 
 
-VALIDATORS: dict[str, tuple[str, Callable[[AdmissionReview], AdmissionResponse]]] = {
+VALIDATORS: Mapping[str, Validator] = {
     VALIDATE_PODMUTATIONS_PATH: ("PodMutation", review_podmutation),
     VALIDATE_GPULEASES_PATH: ("GpuLease", functools.partial(review_gpulease, zones=ZONES)),
 }
 """The validating webhooks this server answers, by path: what they validate, and the judge."""
+
+
+def validators_with_view(
+    cluster: Callable[[], ClusterView], model_label: str, families: ModelFamilies
+) -> dict[str, Validator]:
+    """VALIDATORS, the GpuLease one reading the serving process's snapshot (``cluster``) for the
+    Nodes: a lease of a model no Node offers (``model_label``; a family by its models) is
+    admitted with a warning."""
+    judge = functools.partial(
+        review_gpulease, zones=ZONES, cluster=cluster, model_label=model_label, families=families
+    )
+    return {**VALIDATORS, VALIDATE_GPULEASES_PATH: ("GpuLease", judge)}

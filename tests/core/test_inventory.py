@@ -5,9 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from function.core.inventory import base_model, gpu_node, overbooked, stock_of, stocks
+from function.core.inventory import (
+    base_model,
+    gpu_node,
+    offered_any,
+    overbooked,
+    stock_of,
+    stocks,
+)
 from function.core.leases import slim_lease
-from function.core.view import slim_node
+from function.core.view import EMPTY_VIEW, NODES, PODS, IndexState, StaticView, View, slim_node
 from function.zones import ZONES
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -104,3 +111,30 @@ def test_recurring_windows_overlap_only_where_their_occurrences_do() -> None:
     evening = lease("evening", 6, NOW, far, recurrence={"schedule": "0 14 * * *", "duration": "8h"})
     overlap = overbooked([day, night, evening], stock, NOW, ZONES)
     assert overlap is not None and overlap.involved == {"ml/day", "ml/night", "ml/evening"}
+
+
+def nodes_view(*records: Any) -> StaticView:
+    return StaticView({NODES.index: {r.name: r for r in records}}, specs=(NODES,))
+
+
+def test_whether_a_node_offers_any_of_the_models_and_a_view_that_cannot_tell_says_none() -> None:
+    fleet = nodes_view(
+        node("a", H100 + "-SHARED", {"nvidia.com/gpu": "16"}, **{"nvidia.com/gpu.replicas": "4"}),
+        node("b", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", {"nvidia.com/mig-1g.5gb": "7"}),
+        node("c", "NVIDIA-L4", {"nvidia.com/gpu": "0"}),  # labelled, but offering none
+    )
+    # Sliced and MIG nodes offer their GPU; a label without GPUs offers nothing.
+    assert offered_any([H100], fleet, LABEL) is True
+    assert offered_any(["NVIDIA-A100-SXM4-40GB"], fleet, LABEL) is True
+    assert offered_any(["NVIDIA-L4"], fleet, LABEL) is False
+    assert offered_any(["NVIDIA-B200", "NVIDIA-B200-SHARED"], fleet, LABEL) is False
+    # Several models (a family): offered when one of them is.
+    assert offered_any(["NVIDIA-B200", H100], fleet, LABEL) is True
+    assert offered_any([H100], fleet, "example.com/other-label") is False
+    # A synced Node index without a Node: no node offers anything.
+    assert offered_any([H100], nodes_view(), LABEL) is False
+    # No model, no Nodes watched, not listed yet, or no cluster at all: no guess.
+    assert offered_any([], fleet, LABEL) is None
+    assert offered_any([H100], StaticView({PODS.index: {}}), LABEL) is None
+    assert offered_any([H100], View({NODES.index: IndexState()}), LABEL) is None
+    assert offered_any([H100], EMPTY_VIEW, LABEL) is None

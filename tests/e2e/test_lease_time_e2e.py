@@ -30,7 +30,7 @@ from tests.support.manifests import KNATIVE_DIR, one, render
 
 from .controlplane import ControlPlane, FakeNode, node_manifest
 from .launch import EventLog, ServedController, ServedWebhook, pointed_at, start_event_sink
-from .support import delete_crd
+from .support import delete_crd, kubectl
 from .workloads import eventually, stamp
 
 pytestmark = pytest.mark.e2e
@@ -173,6 +173,21 @@ def create_lease(
     )
     time.sleep(0.5)  # the webhook decides from its view: until it holds the lease
     return created
+
+
+def apply_lease(state: dict[str, Any], namespace: str, name: str, model: str, count: Any, **spec: Any) -> Any:
+    """``kubectl apply`` of a lease, as an admin does: what kubectl printed (its stderr carries
+    the admission warnings), checked to have succeeded."""
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GpuLease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gpuModel": model, "count": count, **spec},
+    }
+    result = kubectl(state["plane"], "apply", "-f", "-", stdin=yaml.safe_dump(body))
+    assert result.returncode == 0, result.stderr
+    time.sleep(0.5)  # the webhook decides from its view: until it holds the lease
+    return result
 
 
 def lease_status(state: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
@@ -499,13 +514,16 @@ def test_leases_overbooking_eight_gpus_are_flagged_until_one_is_shortened_and_an
 ) -> None:
     """Two leases of 5 H200s over the 8 the kwok node offers, overlapping for an hour: Overbooked
     on both, with a Warning Event and the metric; the first shortened to end where the second
-    starts: cleared. A lease of a model no node offers: ModelOffered False and an Event."""
+    starts: cleared. A lease of a model no node offers: a warning on kubectl's stderr at apply
+    (the validating webhook reads its view of the Nodes), the lease created all the same, then
+    ModelOffered False and an Event. One of a model a node offers is applied without a warning."""
     state = cluster
     now = datetime.now(UTC)
     began = time.monotonic()
-    create_lease(
+    offered_apply = apply_lease(
         state, INVENTORY, "h200-a", model=H200, count=5, window={"end": stamp(now + timedelta(hours=2))}
     )
+    assert "Warning" not in offered_apply.stderr, offered_apply.stderr
     second = {"start": stamp(now + timedelta(hours=1)), "end": stamp(now + timedelta(hours=3))}
     create_lease(state, INVENTORY, "h200-b", model=H200, count=5, window=second)
     for name in ("h200-a", "h200-b"):
@@ -539,7 +557,12 @@ def test_leases_overbooking_eight_gpus_are_flagged_until_one_is_shortened_and_an
         )
 
     began = time.monotonic()
-    create_lease(state, INVENTORY, "b200", model="NVIDIA-B200", count=1)
+    applied = apply_lease(state, INVENTORY, "b200", model="NVIDIA-B200", count=1)
+    warnings = [line for line in applied.stderr.splitlines() if line.startswith("Warning:")]
+    assert len(warnings) == 1 and "no node offers NVIDIA-B200" in warnings[0], applied.stderr
+    assert MODEL_LABEL in warnings[0] and "b200" in warnings[0]
+    assert "created" in applied.stdout, applied.stdout
+    assert state["custom"].get_namespaced_custom_object(GROUP, VERSION, INVENTORY, PLURAL, "b200")
     offered = eventually(
         lambda: (
             condition(state, INVENTORY, "b200", "ModelOffered").get("status") == "False"
@@ -554,6 +577,7 @@ def test_leases_overbooking_eight_gpus_are_flagged_until_one_is_shortened_and_an
     )
     record_property("inventory_overbooked_flagged_s", f"{flagged:.1f}")
     record_property("inventory_unknown_model_flagged_s", f"{time.monotonic() - began:.1f}")
+    record_property("inventory_unknown_model_apply_warning", warnings[0])
 
 
 def test_a_family_lease_of_h100_or_h200_is_charged_by_pods_on_either_within_its_cap(

@@ -36,6 +36,7 @@ from function.core.inventory import (
     Stock,
     gpu_node,
     model_of,
+    not_offered_message,
     overbooked,
     overlap_message,
     pool_stock,
@@ -63,7 +64,7 @@ def lease_conditions(
     lease: Lease, model: str, stock: Stock, overlap: Overlap | None, label: str
 ) -> list[dict[str, Any]]:
     """The two conditions this reconciler owns, for one lease of ``model`` (pure; no times)."""
-    offered = stock.whole > 0 or stock.slices > 0 or stock.mig > 0
+    offered = stock.offered
     over = overlap is not None and lease.key in overlap.involved
     return [
         {
@@ -72,7 +73,7 @@ def lease_conditions(
             "reason": "Offered" if offered else "NotOffered",
             "message": f"the nodes offer {stock.describe()} of {model}"
             if offered
-            else f"no node offers {model} (node label {label}): nothing can run on this lease",
+            else not_offered_message(model, label),
             "observedGeneration": lease.generation,
         },
         {

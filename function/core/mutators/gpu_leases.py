@@ -84,7 +84,7 @@ from function.core.mutators.registry import MutatorPlugin, Neighbours, Settings
 from function.core.placement import BUILTIN_SCHEMES, PLACEMENT_LABEL, SPOT, apply_spot_mode
 from function.core.pod import Pod, annotations_of, ensure_map, fit_warning, labels_of
 from function.core.schedule import NO_ZONES, ZONES_INDEX, ZoneTable
-from function.core.view import ClusterView, WatchSpec
+from function.core.view import NODES, ClusterView, WatchSpec
 
 NAME = "gpu-leases"
 LEDGER_INDEX = "gpu-lease-ledger"
@@ -921,7 +921,9 @@ def build(config: GpuLeasesConfig, settings: Settings, neighbours: Neighbours) -
 
 
 def watches(config: GpuLeasesConfig) -> tuple[WatchSpec, ...]:
-    return (LEASES, CHARGED_PODS, LEASE_NAMESPACES)
+    # The Nodes (labels and allocatable) for the validating webhook: a GpuLease of a model no Node
+    # offers is warned about at apply (function/admission/gpuleases.py).
+    return (LEASES, CHARGED_PODS, LEASE_NAMESPACES, NODES)
 
 
 PLUGIN = MutatorPlugin(
