@@ -60,6 +60,26 @@ def advertise_gpus(cluster: RealCluster) -> None:
     )
 
 
+def advertise_whole_gpus(cluster: RealCluster, count: str) -> None:
+    """The node advertises ``count`` whole GPUs (``nvidia.com/gpu``) through its status, as
+    Kubernetes' "Advertise Extended Resources for a Node" does (no device plugin here); the
+    time-sliced ones stay as they are."""
+    patch = {"status": {"capacity": {GPU: count}}}
+    cluster.kubectl(
+        "patch", "node", NODE_NAME, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
+    )
+    cluster.wait(
+        lambda: (
+            json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json"))["status"]
+            .get("allocatable", {})
+            .get(GPU)
+            == count
+        ),
+        60,
+        f"the node's allocatable {GPU} {count}",
+    )
+
+
 def workload_namespace(cluster: RealCluster, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)

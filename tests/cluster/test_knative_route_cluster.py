@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from .support import (
     KSVC_PODS,
     ReadyWatch,
     advertise_gpus,
+    advertise_whole_gpus,
     audit_events,
     create,
     gpu_pod,
@@ -42,6 +44,7 @@ from .support import (
 LEASE_MODEL = "NVIDIA-H100-80GB-HBM3"
 MODEL_LABEL = "nvidia.com/gpu.product"
 LEASE_LABEL = "castops.io/gpu-lease"
+ENDS_ANNOTATION = "castops.io/gpu-lease-ends"
 RATE = 10.0
 SECONDS = 60.0
 SPOT_KEY = "scheduling.cast.ai/spot"
@@ -129,16 +132,7 @@ def test_a_gpu_lease_is_enforced_through_the_route_and_its_status_kept_by_the_co
     }
     cluster.apply([lease])
     api = client.CoreV1Api(cluster.plane.api_client())
-    seen: list[bool] = []
-
-    def every_pod_sees_the_lease() -> bool:
-        """Dry runs are spread over the revision's Pods: several charged in a row."""
-        probe = gpu_pod("probe")
-        stored = api.create_namespaced_pod(namespace, probe, dry_run="All")
-        seen.append(LEASE_LABEL in (stored.metadata.labels or {}))
-        return len(seen) >= 6 and all(seen[-6:])
-
-    cluster.wait(every_pod_sees_the_lease, 60, "the lease in every webhook Pod's view")
+    wait_charging(cluster, namespace)
     for name in ("leased-1", "leased-2"):
         stored = create(cluster, namespace, gpu_pod(name))
         assert stored["metadata"]["labels"][LEASE_LABEL] == "h100", stored["metadata"]
@@ -165,6 +159,95 @@ def test_a_gpu_lease_is_enforced_through_the_route_and_its_status_kept_by_the_co
         "the denial's audit event",
     )
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def wait_charging(cluster: RealCluster, namespace: str) -> None:
+    """Until every webhook Pod's view holds the namespace's lease: dry runs are spread over the
+    revision's Pods, so several charged in a row."""
+    from kubernetes import client
+
+    api = client.CoreV1Api(cluster.plane.api_client())
+    seen: list[bool] = []
+
+    def every_pod_sees_the_lease() -> bool:
+        stored = api.create_namespaced_pod(namespace, gpu_pod("probe"), dry_run="All")
+        seen.append(LEASE_LABEL in (stored.metadata.labels or {}))
+        return len(seen) >= 6 and all(seen[-6:])
+
+    cluster.wait(every_pod_sees_the_lease, 60, "the lease in every webhook Pod's view")
+
+
+def test_a_charged_pods_container_reads_when_its_lease_ends_through_the_downward_api(
+    route: tuple[RealCluster, KnativeRoute, ReadyWatch],
+    record_property: Any,
+) -> None:
+    """A lease with an end, and a Pod charged to it asking for a whole GPU (the node advertises
+    one through its status, as a device plugin would): the webhook stamps the lease's end on the
+    Pod, and its container, started by the kubelet, reads it through a downwardAPI volume and an
+    environment variable and prints both: each is the lease's end."""
+    cluster, _, _ = route
+    cluster.kubectl("label", "node", NODE_NAME, f"{MODEL_LABEL}={LEASE_MODEL}", "--overwrite")
+    namespace = workload_namespace(cluster, "notice")
+    ends = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lease = {
+        "apiVersion": "castops.io/v1alpha1",
+        "kind": "GpuLease",
+        "metadata": {"name": "h100-ending", "namespace": namespace},
+        "spec": {"gpuModel": LEASE_MODEL, "count": 1, "window": {"end": ends}},
+    }
+    advertise_whole_gpus(cluster, "1")
+    try:
+        cluster.apply([lease])
+        wait_charging(cluster, namespace)
+        field = {"fieldRef": {"fieldPath": f"metadata.annotations['{ENDS_ANNOTATION}']"}}
+        reader = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "reader"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "reader",
+                        "image": "dev.local/castslice:ci",
+                        "imagePullPolicy": "Never",
+                        "command": [
+                            "sh",
+                            "-c",
+                            'echo "volume=$(cat /etc/lease/ends)"; echo "env=$LEASE_ENDS"',
+                        ],
+                        "env": [{"name": "LEASE_ENDS", "valueFrom": field}],
+                        "volumeMounts": [{"name": "lease", "mountPath": "/etc/lease", "readOnly": True}],
+                        "resources": {"limits": {GPU: "1"}},
+                    }
+                ],
+                "volumes": [{"name": "lease", "downwardAPI": {"items": [{"path": "ends", **field}]}}],
+            },
+        }
+        began = time.monotonic()
+        stored = create(cluster, namespace, reader)
+        assert stored["metadata"]["labels"][LEASE_LABEL] == "h100-ending", stored["metadata"]
+        assert stored["metadata"]["annotations"][ENDS_ANNOTATION] == ends
+        cluster.kubectl(
+            "-n",
+            namespace,
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "pod/reader",
+            "--timeout=180s",
+        )
+        record_property(
+            "downward-API reader Pod created to Succeeded (s)", round(time.monotonic() - began, 1)
+        )
+        printed = cluster.kubectl("-n", namespace, "logs", "reader").split()
+        record_property("what the reader container printed", " ".join(printed))
+        assert printed == [f"volume={ends}", f"env={ends}"], printed
+        pod = json.loads(cluster.kubectl("-n", namespace, "get", "pod", "reader", "-o", "json"))
+        assert pod["spec"]["nodeName"] == NODE_NAME
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+        advertise_whole_gpus(cluster, "0")
 
 
 def test_a_new_revision_rolled_out_under_10_pod_creates_per_second_admits_none_unmutated(
