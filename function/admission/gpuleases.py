@@ -30,20 +30,21 @@ def review_gpulease(
     zones: Mapping[str, ZoneTable] | None = None,
     cluster: Callable[[], ClusterView] | None = None,
     model_label: str = "",
-    families: ModelFamilies = NO_FAMILIES,
+    families: ModelFamilies | None = None,
 ) -> AdmissionResponse:
     """``zones``: the tz database the serving process knows (a time zone must be one of it).
     ``cluster``: the serving process's snapshot, read once, ``model_label`` the node label naming
     a GPU model and ``families`` the configuration's model families (``gpuLeases.modelLabel``,
-    ``modelFamilies``): a lease of a model no Node offers is warned about; without them (GPU
-    leases not enabled in this process) nothing is."""
+    ``modelFamilies``): a lease of a model no Node offers is warned about, and a cap must name one
+    of the lease's models (a family's by the configuration); without them (GPU leases not enabled
+    in this process) neither is checked."""
     request = review.request
     if request.operation not in ("CREATE", "UPDATE") or request.kind.kind != KIND:
         return allowed(request.uid)
     obj = request.object
-    problems = lease_problems(obj, zones)
+    problems = lease_problems(obj, zones, families)
     if not problems:
-        return allowed(request.uid, offer_warnings(obj, cluster, model_label, families))
+        return allowed(request.uid, offer_warnings(obj, cluster, model_label, families or NO_FAMILIES))
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
     message = f"GpuLease {name or '(unnamed)'} is invalid: " + "; ".join(problems)

@@ -139,6 +139,18 @@ def test_a_family_lease_is_warned_about_only_when_no_node_offers_any_of_its_mode
     assert f"{B200}+NVIDIA-B300" in warning and "bw" in warning  # as its ModelOffered condition says
 
 
+def test_a_cap_naming_a_model_outside_the_leases_family_is_refused_at_apply(
+    api: FakeApiServer, serve: Callable[..., WebhookHttp]
+) -> None:
+    api.load(NODES.path(), [node("h100-1", H100)])
+    families = {"hopper": [H100, "NVIDIA-H200"]}
+    webhook = serve(parse_config({"gpuLeases": {"enabled": True, "modelFamilies": families}}))
+    assert webhook.watcher is not None and webhook.watcher.wait_synced(10)
+    assert answer(webhook, lease("hopper", caps={"NVIDIA-H200": 1}))["allowed"] is True
+    refused = answer(webhook, lease("hopper", caps={B200: 1}))
+    assert refused["allowed"] is False and f"spec.caps.{B200}" in refused["status"]["message"]
+
+
 def test_nothing_is_said_while_the_nodes_are_not_listed(
     api: FakeApiServer, serve: Callable[..., WebhookHttp]
 ) -> None:
