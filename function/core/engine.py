@@ -17,7 +17,18 @@ from typing import Any, Literal, NamedTuple
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.core.config import Config
 from function.core.configtypes import MutatorMode, OnInternalError
-from function.core.json_patch import Operation, PatchProofError, WorkingCopy, diff, prove, quick_changes
+from function.core.json_patch import (
+    Operation,
+    PatchProofError,
+    Path,
+    Scope,
+    WorkingCopy,
+    changes_within,
+    diff,
+    prove,
+    quick_changes,
+    scope_of,
+)
 from function.core.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
 from function.core.mutators.registry import Neighbours, Settings
 from function.core.pod import Pod, labels_of
@@ -149,7 +160,7 @@ class Engine:
             return Decision("unchanged", True, f"pod opted out ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")
 
         try:
-            intended, decisions, intended_json = self.run_to_fixed_point(pod, request)
+            (intended, decisions, intended_json), touched = self._fixed_point(pod, request)
         except DeniedForAChange as error:
             return Decision(
                 "error",
@@ -171,7 +182,12 @@ class Engine:
             message = "; ".join(d.reason for d in denials)
             return Decision("denied", False, message, decisions=decisions, warnings=warnings, denial=message)
 
-        patch = quick_changes(pod, intended) if intended is not pod else []
+        if intended is pod:
+            patch = []
+        elif touched is not None:
+            patch = changes_within(pod, intended, touched)
+        else:
+            patch = quick_changes(pod, intended)
         if not patch and intended is not pod:
             patch = diff(pod, intended)  # a change == cannot see (1 to true) is still a change
         if not patch:
@@ -210,8 +226,13 @@ class Engine:
     def run_to_fixed_point(self, pod: Pod, request: RequestContext) -> FixedPoint:
         """Every mutator in order until a whole pass changes nothing (or one denies); NotConverged
         when the passes run out."""
+        return self._fixed_point(pod, request)[0]
+
+    def _fixed_point(self, pod: Pod, request: RequestContext) -> tuple[FixedPoint, Scope | None]:
+        """``run_to_fixed_point``, and where the runs that changed the Pod said they touched it
+        (``MutatorResult.touched``): None when one of them did not say."""
         if not self.mutators:
-            return FixedPoint(pod, (), None)
+            return FixedPoint(pod, (), None), None
         # One copy per review, which the mutators edit in place one after another (see
         # WorkingCopy); the original is never handed out.
         working = WorkingCopy(pod, from_json=request.pod_from_json)
@@ -225,6 +246,7 @@ class Engine:
         ran_at: list[int | None] = [None] * len(self.mutators)
         """Per mutator: ``changes`` when its last run ended (None: not run yet)."""
         changed_last: list[bool] = [False] * len(self.mutators)
+        touched: list[Path] | None = []
         idempotent = self._idempotent
         skip = self.skip_repeated_runs
         for _ in range(MAX_PASSES):
@@ -238,6 +260,8 @@ class Engine:
                 _check_honest(mutator, result, changed)
                 changes += changed
                 ran_at[position], changed_last[position] = changes, changed
+                if changed and touched is not None:
+                    touched = None if result.touched is None else [*touched, *result.touched]
                 previous = decisions.get(mutator.name)
                 # Keep the pass where a mutator acted (a later no-op pass says nothing new); a
                 # denial from any pass is final, whatever the mutator did before.
@@ -256,7 +280,8 @@ class Engine:
                 if changed_in_pass:
                     continue  # no denial, and a change: another pass, to confirm or go on
             intended, intended_json = working.intended(pod)
-            return FixedPoint(intended, tuple(decisions.values()), intended_json)
+            scope = scope_of(touched) if touched is not None else None
+            return FixedPoint(intended, tuple(decisions.values()), intended_json), scope
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
 
     def _check_denial_is_the_pods(

@@ -19,6 +19,10 @@ from function.core.pod import Pod
 from function.core.pointer import escape, unescape
 
 Operation = dict[str, Any]
+Path = tuple[str | int, ...]
+"""A place in a document, as the keys and indexes leading there from its root."""
+Scope = dict[str | int, "Scope | None"]
+"""Paths as a tree: each key leads to the scope below it, or to None for the whole subtree."""
 
 
 def canonical(value: Any) -> bytes:
@@ -119,6 +123,62 @@ def quick_changes(old: Any, new: Any) -> list[Operation]:
     ops: list[Operation] = []
     _quick_changes(old, new, "", ops)
     return ops
+
+
+def scope_of(paths: list[Path]) -> Scope | None:
+    """The tree of ``paths`` (a path inside another one is covered by it); None when one of them
+    is the whole document."""
+    tree: Scope = {}
+    for path in paths:
+        if not path:
+            return None
+        node: Scope | None = tree
+        for key in path[:-1]:
+            if node is None:
+                break  # a path above this one covers it whole
+            child = node.setdefault(key, {})
+            node = child
+        if node is not None:
+            node[path[-1]] = None
+    return tree
+
+
+def changes_within(old: Any, new: Any, within: Scope) -> list[Operation]:
+    """``quick_changes`` when only the subtrees ``within`` names can differ (what the mutators said
+    they touched): the same operations in the same order, without comparing the rest (most of a
+    Pod: its managedFields, its other containers, the spec's other fields). Where a named level is
+    not what the scope expects (a key came or went, a list changed length, a scalar), that whole
+    level is walked as ``quick_changes`` walks it. A change outside ``within`` is missed: the
+    caller's proof, which compares whole documents, must catch it."""
+    ops: list[Operation] = []
+    _changes_within(old, new, "", ops, within)
+    return ops
+
+
+def _changes_within(old: Any, new: Any, path: str, ops: list[Operation], within: Scope) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        if len(old) == len(new) and old.keys() == new.keys():
+            for key, value in old.items():  # the old order, as _quick_changes goes
+                if key not in within:
+                    continue
+                other, below = new[key], within[key]
+                if below is not None:
+                    _changes_within(value, other, f"{path}/{escape(key)}", ops, below)
+                elif not (value is other or (type(value) is type(other) and value == other)):
+                    _quick_changes(value, other, f"{path}/{escape(key)}", ops)
+            return
+    elif isinstance(old, list) and isinstance(new, list):
+        indexes = sorted(key for key in within if type(key) is int and 0 <= key < len(old))
+        if len(old) == len(new) and len(indexes) == len(within):
+            for i in indexes:
+                a, b, below = old[i], new[i], within[i]
+                if below is not None:
+                    _changes_within(a, b, f"{path}/{i}", ops, below)
+                elif not (a is b or (type(a) is type(b) and a == b)):
+                    _quick_changes(a, b, f"{path}/{i}", ops)
+            return
+    if not _loosely_same(old, new):
+        _quick_changes(old, new, path, ops)
 
 
 def _loosely_same(a: Any, b: Any) -> bool:

@@ -441,3 +441,31 @@ def test_placement_violations_the_original_has_already_are_not_blamed_on_the_pat
         )
     ).decide(original, REQUEST)
     assert decision.outcome == "mutated", decision.reason
+
+
+# -- where a mutator says it changed the Pod -----------------------------------------------------
+class Scoped(Step):
+    """A Step reporting ``touched`` when it mutates."""
+
+    def __init__(self, name: str, edit: Callable[[dict[str, Any]], Action], touched: Any) -> None:
+        super().__init__(name, edit)
+        self.touched = touched
+
+    def mutate(self, pod: dict[str, Any], request: RequestContext) -> MutatorResult:
+        result = super().mutate(pod, request)
+        if result.action is not Action.mutated:
+            return result
+        return MutatorResult.mutated(result.reason, touched=self.touched)
+
+
+@pytest.mark.parametrize(
+    "touched",
+    [(("metadata", "annotations"),), (("metadata",),), (("spec",),), ((),), None],
+    ids=["the-right-subtree", "above-it", "elsewhere-so-the-proof-catches-it", "everywhere", "not-said"],
+)
+def test_the_patch_is_the_same_wherever_the_mutator_says_it_touched_the_pod(touched: Any) -> None:
+    """The patch is built by looking only where the mutators said they changed the Pod; a wrong
+    place fails the proof (it compares the whole Pod) and the patch is built from the whole Pod."""
+    decision = engine(Scoped("add", add_annotation, touched)).decide(pod(), REQUEST)
+    assert decision.outcome == "mutated"
+    assert decision.patch == ({"op": "add", "path": "/metadata/annotations/added", "value": "yes"},)

@@ -17,12 +17,15 @@ from function.core.json_patch import (
     WorkingCopy,
     apply_patch,
     canonical,
+    changes_within,
     diff,
     exact_json,
     prove,
     quick_changes,
     same,
+    scope_of,
 )
+from function.core.pointer import unescape
 from tests.core.support import exact, pod
 
 
@@ -169,6 +172,46 @@ plain_values = st.recursive(
 def test_quick_changes_agrees_with_diff_without_aliased_scalars(old: Any, new: Any) -> None:
     """Without 1/true/1.0 aliases, == and JSON agree: the quick walk must give diff's operations."""
     assert quick_changes({"r": old}, {"r": new}) == diff({"r": old}, {"r": new})
+
+
+def _located(path: str, document: Any) -> tuple[str | int, ...]:
+    """A patch path as the keys and indexes it goes through in ``document``."""
+    keys: list[str | int] = []
+    for token in path.split("/")[1:]:
+        key: str | int = int(token) if isinstance(document, list) else unescape(token)
+        keys.append(key)
+        document = _child(document, key)
+    return tuple(keys)
+
+
+def _child(document: Any, key: str | int) -> Any:
+    if isinstance(document, dict):
+        return document.get(key)
+    if isinstance(document, list) and isinstance(key, int) and key < len(document):
+        return document[key]
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=plain_values, new=plain_values, data=st.data())
+def test_changes_within_a_scope_covering_every_change_gives_quick_changes_operations(
+    old: Any, new: Any, data: st.DataObject
+) -> None:
+    """Looking only where the changes are (each operation's place, or any level above it, as a
+    mutator says it touched a subtree) gives the whole walk's operations, in the same order."""
+    whole = quick_changes({"r": old}, {"r": new})
+    paths = [_located(op["path"], {"r": old}) for op in whole]
+    cut = [path[: data.draw(st.integers(1, len(path)))] for path in paths]
+    scope = scope_of(cut)
+    assert scope is not None
+    assert changes_within({"r": old}, {"r": new}, scope) == whole
+
+
+def test_changes_within_misses_what_its_scope_leaves_out() -> None:
+    """What the proof catches (the engine then builds the patch from the whole Pod)."""
+    old, new = {"a": {"x": 1}, "b": 1}, {"a": {"x": 2}, "b": 2}
+    assert changes_within(old, new, {"a": None}) == [{"op": "replace", "path": "/a/x", "value": 2}]
+    assert scope_of([("a", "x"), ()]) is None
 
 
 def test_quick_changes_sees_a_member_of_another_type() -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from function.core.json_patch import Path
 from function.core.pod import Pod, fit_warning, shown
 from function.core.view import EMPTY_VIEW, ClusterView
 
@@ -48,10 +49,16 @@ class MutatorResult:
     copied: frozenset[str] = frozenset()
     """Strings the mutator copied out of the Pod's containers to other places (a PodMutation
     ``copy`` of an env value into an annotation): the audit event redacts them wherever they are."""
+    touched: tuple[Path, ...] | None = None
+    """Where a mutating run may have changed the Pod: paths from its root (``("metadata",
+    "annotations")``, ``("spec", "containers", 0, "resources")``), each subtree whole; None: anywhere.
+    The engine builds the patch by looking only there (``json_patch.quick_changes``'s ``within``);
+    a change elsewhere would fail the proof, which compares the whole Pod, and the engine would
+    then build the patch from the whole Pod: a wrong path costs time, never a wrong patch."""
 
     @classmethod
-    def mutated(cls, reason: str, *warnings: str) -> MutatorResult:
-        return cls(Action.mutated, reason, warnings)
+    def mutated(cls, reason: str, *warnings: str, touched: tuple[Path, ...] | None = None) -> MutatorResult:
+        return cls(Action.mutated, reason, warnings, touched=touched)
 
     @classmethod
     def unchanged(cls, reason: str, *warnings: str) -> MutatorResult:

@@ -289,7 +289,7 @@ class GpuSlicing:
                 zero = bool(quantities) and all(_is_zero(quantity) for quantity in quantities)
                 label = container_label(kind, index, container)
                 found.append(
-                    _Asks(kind, label, container, bool(quantities), count, zero, tuple(sorted(hami)))
+                    _Asks(kind, index, label, container, bool(quantities), count, zero, tuple(sorted(hami)))
                 )
         return found
 
@@ -426,6 +426,7 @@ class GpuSlicing:
             f"{source} -> {target}: {slices} ({origin}) in {sliced}{left}{self._offer_note(ctx)}{unrecorded}",
             *warnings,
             *fewer,
+            touched=(RECORD_PATH, *(asks.resources_path for asks in asking)),
         )
 
     def _offer_note(self, ctx: RequestContext) -> str:
@@ -510,6 +511,7 @@ class GpuSlicing:
             f"{unrecorded}",
             *warnings,
             *fewer,
+            touched=(RECORD_PATH, ("spec", "resourceClaims"), *(asks.resources_path for asks in asking)),
         )
 
     def _template_state(self, chosen: Template, ctx: RequestContext) -> tuple[str, str]:
@@ -542,10 +544,15 @@ MAX_COUNT = 1_000_000
 """Above this a GPU count is shown as ``?`` (no node has that many; the apiserver judges it)."""
 
 
+RECORD_PATH = ("metadata", "annotations")
+"""Where ``_record`` writes (metadata itself when it adds the annotations: see ``_record``)."""
+
+
 class _Asks(NamedTuple):
     """One container's part in slicing, read once (``GpuSlicing._scan``)."""
 
     kind: str
+    position: int
     label: str
     container: dict[str, Any]
     asks_source: bool
@@ -556,6 +563,11 @@ class _Asks(NamedTuple):
     """It asks for 0 of the source: no GPU, no slice."""
     hami: tuple[str, ...]
     """The vGPU resources it asks for, in name order."""
+
+    @property
+    def resources_path(self) -> tuple[str, str, int, str]:
+        """Where slicing changes this container: its resources."""
+        return ("spec", self.kind, self.position, "resources")
 
 
 def _count(quantities: list[object]) -> int | None:
