@@ -5,6 +5,7 @@ Not a test (pytest does not collect it, nothing here asserts a count): run it by
 
     python tests/benchmarks/instructions.py                    # this checkout, mutating and non-mutating
     python tests/benchmarks/instructions.py --before DIR       # and another checkout, side by side
+    python tests/benchmarks/instructions.py --without rules    # with one engine stage taken out
 
 Each figure is one process running ``WebhookHttp.handle`` as ``tests/benchmarks/webhook.py``'s
 in-process figure does (built as served, the audit event built and its delivery dropped): after a
@@ -31,14 +32,33 @@ BODIES = {
     "non-mutating": REVIEWS / "default-not-opted-in.json",
 }
 WARM_UP = 50
+WITHOUT = {
+    "engine": "the engine's whole decision (each review gets the first review's decision again)",
+    "rules": "the apiserver rules' check of the patched Pod (rules.introduced answers: nothing)",
+    "proof": "applying the patch and comparing the result (json_patch.prove answers: the intended Pod)",
+}
+"""Engine stages ``--without`` takes out of the counted reviews: only to see what each costs (the
+reviews' answers stay the same for the shipped bodies, whose patches pass both)."""
 
 # Run under valgrind in a process of its own, with the checkout measured first on sys.path.
 REVIEWER = """
 import sys
 from pathlib import Path
 checkout, body_path, warm_up, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+without = sys.argv[5:]
 sys.path.insert(0, checkout)
 from function.serve.app import build_webhook
+from function.core import engine
+if "rules" in without:
+    engine.introduced = lambda original, patched: set()
+if "proof" in without:
+    engine.prove = lambda original, patch, intended, intended_json=None: intended
+if "engine" in without:
+    decided = {}
+    decide = engine.Engine.decide_or_raise
+    engine.Engine.decide_or_raise = lambda self, pod, request: (
+        decided.get("first") or decided.setdefault("first", decide(self, pod, request))
+    )
 webhook = build_webhook(environ={})
 webhook.admission.recorder.sender.submit = lambda event: None
 body = Path(body_path).read_bytes()
@@ -49,8 +69,9 @@ for _ in map(lambda _: webhook.handle("POST", "/mutate", body), range(count)):  
 """
 
 
-def per_review(checkout: Path, body: Path, count: int) -> int:
-    """Instructions per review of ``body``, over ``count`` reviews."""
+def per_review(checkout: Path, body: Path, count: int, without: list[str] | None = None) -> int:
+    """Instructions per review of ``body``, over ``count`` reviews, with the engine stages of
+    ``without`` taken out (WITHOUT)."""
     done = subprocess.run(
         [
             "valgrind",
@@ -65,6 +86,7 @@ def per_review(checkout: Path, body: Path, count: int) -> int:
             str(body),
             str(WARM_UP),
             str(count),
+            *(without or ()),
         ],
         capture_output=True,
         text=True,
@@ -86,6 +108,12 @@ def main() -> int:
     )
     parser.add_argument("--reviews", type=int, default=200, help="reviews counted (default: 200)")
     parser.add_argument("--kind", choices=sorted(BODIES), action="append", help="one kind only (repeatable)")
+    parser.add_argument(
+        "--without",
+        choices=sorted(WITHOUT),
+        action="append",
+        help="count with this engine stage taken out (the difference is what it costs; repeatable)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install -y valgrind)")
@@ -93,7 +121,7 @@ def main() -> int:
     figures: dict[str, dict[str, int]] = {}
     for kind in args.kind or list(BODIES):
         for name, checkout in checkouts.items():
-            count = per_review(checkout, BODIES[kind], args.reviews)
+            count = per_review(checkout, BODIES[kind], args.reviews, args.without)
             figures.setdefault(name, {})[kind] = count
             print(f"{kind:>12} {name:>6} ({checkout}): {count:,} instructions per review", flush=True)
         if "before" in figures:
