@@ -11,6 +11,7 @@ patch carries, so the event's patch can be redacted against them (function/audit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,7 @@ def secret_strings(pod: Any) -> set[str]:
 
 
 _SECRET_PLACES = ("/env/", "/command/", "/args/", "/secretKeyRef/", "/secretRef/")
+_SECRET_PLACE = re.compile("|".join(re.escape(place) for place in _SECRET_PLACES))
 
 
 def may_carry_secrets(patch: Sequence[Operation]) -> bool:
@@ -159,8 +161,7 @@ def may_carry_secrets(patch: Sequence[Operation]) -> bool:
         value = op["value"]
         if isinstance(value, str):
             path = op.get("path", "")
-            path = path if isinstance(path, str) else str(path)
-            if any(place in path for place in _SECRET_PLACES):
+            if _SECRET_PLACE.search(path if isinstance(path, str) else str(path)):
                 return True
         elif isinstance(value, dict | list):
             return True
