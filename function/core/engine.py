@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+import orjson
+
 from function.contract import OPT_OUT_LABEL, OPT_OUT_VALUE
 from function.core.config import Config
 from function.core.configtypes import MutatorMode, OnInternalError
@@ -27,9 +29,20 @@ from function.core.json_patch import (
     diff,
     prove,
     quick_changes,
+    same,
     scope_of,
 )
-from function.core.mutators.base import Action, Mutator, MutatorDecision, MutatorResult, RequestContext
+from function.core.mutators.base import (
+    ANYTHING,
+    EVERYTHING,
+    Action,
+    Changed,
+    Mutator,
+    MutatorDecision,
+    MutatorResult,
+    Reads,
+    RequestContext,
+)
 from function.core.mutators.registry import Neighbours, Settings
 from function.core.pod import Pod, labels_of
 from function.core.rules import introduced
@@ -237,29 +250,32 @@ class Engine:
         # WorkingCopy); the original is never handed out.
         working = WorkingCopy(pod, from_json=request.pod_from_json)
         decisions: dict[str, MutatorDecision] = {}
-        # A run is skipped when it can only repeat the last one: nothing changed the Pod since that
-        # run, and it changed nothing (a mutator is a pure function of the Pod and the request) or
-        # the mutator is idempotent (run on its own result, it reports unchanged and changes
-        # nothing). So a mutator runs again only after another one changed the Pod, and the pass
-        # confirming a fixed point costs nothing when every change was the last mutator's own.
-        changes = 0
-        ran_at: list[int | None] = [None] * len(self.mutators)
-        """Per mutator: ``changes`` when its last run ended (None: not run yet)."""
-        changed_last: list[bool] = [False] * len(self.mutators)
+        # A run is skipped when it can only repeat the last one (a mutator is a pure function of
+        # what it reads of the Pod, ``Mutator.reads``, and the request): no change since that run
+        # touched what the mutator reads, and that run changed nothing or the mutator is
+        # idempotent (run on its own result, it reports unchanged and changes nothing). So the
+        # pass confirming a fixed point costs nothing when every change was the last mutator's
+        # own, and a change to metadata (a lease's stamp) runs again only the mutators reading it.
+        count = len(self.mutators)
+        due = [True] * count
+        """Per mutator: whether its next run may differ from its last (True: not run yet)."""
+        reads: list[Reads | None] = [None] * count
+        """Per mutator: what it reads of the Pod, asked once per review when first needed."""
         touched: list[Path] | None = []
         idempotent = self._idempotent
         skip = self.skip_repeated_runs
         for _ in range(MAX_PASSES):
             changed_in_pass = False
             for position, mutator in enumerate(self.mutators):
-                repeats = ran_at[position] == changes and (idempotent[position] or not changed_last[position])
-                if skip and repeats:
+                if skip and not due[position]:
                     continue
+                before = working.json
                 result = mutator.mutate(working.pod, request)
                 changed = working.settle()
                 _check_honest(mutator, result, changed)
-                changes += changed
-                ran_at[position], changed_last[position] = changes, changed
+                due[position] = changed and not idempotent[position]
+                if changed and skip:
+                    self._mark_due(due, reads, position, before, working.pod, request)
                 if changed and touched is not None:
                     touched = None if result.touched is None else [*touched, *result.touched]
                 previous = decisions.get(mutator.name)
@@ -283,6 +299,26 @@ class Engine:
             scope = scope_of(touched) if touched is not None else None
             return FixedPoint(intended, tuple(decisions.values()), intended_json), scope
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
+
+    def _mark_due(
+        self, due: list[bool], reads: list[Reads | None], changer: int, before: bytes | None, after: Pod,
+        request: RequestContext,
+    ) -> None:  # fmt: skip
+        """After the mutator at ``changer`` changed the Pod (``before``: its exact JSON until then),
+        every other mutator whose reads the change touched is due to run again."""
+        changed: Changed | None = None
+        for position, due_already in enumerate(due):
+            if due_already or position == changer:
+                continue
+            declared = reads[position]
+            if declared is None:
+                declared = reads[position] = mutator_reads(self.mutators[position], request)
+            if declared == EVERYTHING:
+                due[position] = True
+                continue
+            if changed is None:
+                changed = changed_parts(before, after)
+            due[position] = declared.touched_by(changed)
 
     def _check_denial_is_the_pods(
         self,
@@ -359,3 +395,60 @@ def _check_honest(mutator: Mutator, result: MutatorResult, changed: bool) -> Non
         raise MutatorLied(f"{mutator.name} changed the Pod but reported {result.action.value}")
     if result.action is Action.mutated and not changed:
         raise MutatorLied(f"{mutator.name} reported mutated but changed nothing")
+
+
+def mutator_reads(mutator: Mutator, request: RequestContext) -> Reads:
+    """What ``mutator`` declares it reads of the Pod for this request (``Mutator.reads``), or
+    EVERYTHING when it declares nothing."""
+    declared = getattr(mutator, "reads", None)
+    return declared(request) if declared is not None else EVERYTHING
+
+
+LARGE_POD_BYTES = 256 * 1024
+"""Above this, what a change touched is not worked out (the Pod read back from its JSON and
+walked section by section): for a Pod that large it costs more than the runs it could save."""
+_ABSENT = object()
+
+
+def changed_parts(before: bytes | None, after: Pod) -> Changed:
+    """What differs between the Pod whose exact JSON is ``before`` and ``after``: label and
+    annotation keys, and the other places one level into ``metadata`` and ``spec`` (a top-level key
+    elsewhere). As JSON compares (``same``: 1 is not true); ANYTHING when ``before`` is unknown."""
+    if before is None or len(before) > LARGE_POD_BYTES:
+        return ANYTHING
+    old = orjson.loads(before)
+    if not isinstance(old, dict) or not isinstance(after, dict):
+        return ANYTHING
+    labels: frozenset[str] | None = frozenset()
+    annotations: frozenset[str] | None = frozenset()
+    paths: set[tuple[str, ...]] = set()
+    for key in old.keys() | after.keys():
+        was, now = old.get(key, _ABSENT), after.get(key, _ABSENT)
+        if key in ("metadata", "spec") and isinstance(was, dict) and isinstance(now, dict):
+            for part in was.keys() | now.keys():
+                part_was, part_now = was.get(part, _ABSENT), now.get(part, _ABSENT)
+                if key == "metadata" and part == "labels":
+                    labels = _changed_keys(part_was, part_now)
+                elif key == "metadata" and part == "annotations":
+                    annotations = _changed_keys(part_was, part_now)
+                elif part_was is _ABSENT or part_now is _ABSENT or not same(part_was, part_now):
+                    paths.add((key, part))
+        elif was is _ABSENT or now is _ABSENT or not same(was, now):
+            paths.add((key,))
+            if key == "metadata":
+                labels = annotations = None
+    return Changed(labels, annotations, frozenset(paths))
+
+
+def _changed_keys(was: Any, now: Any) -> frozenset[str] | None:
+    """The keys of a string map that differ (an absent map counts as an empty one); None when
+    either side is not a map (null, a list): then any key may read differently."""
+    was = {} if was is _ABSENT else was
+    now = {} if now is _ABSENT else now
+    if not isinstance(was, dict) or not isinstance(now, dict):
+        return None
+    return frozenset(
+        key
+        for key in was.keys() | now.keys()
+        if key not in was or key not in now or not same(was[key], now[key])
+    )

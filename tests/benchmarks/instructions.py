@@ -6,12 +6,20 @@ Not a test (pytest does not collect it, nothing here asserts a count): run it by
     python tests/benchmarks/instructions.py                    # this checkout, mutating and non-mutating
     python tests/benchmarks/instructions.py --before DIR       # and another checkout, side by side
     python tests/benchmarks/instructions.py --without rules    # with one engine stage taken out
+    python tests/benchmarks/instructions.py --kind lease-plain --kind lease-charged   # a lease's charge
 
 Each figure is one process running ``WebhookHttp.handle`` as ``tests/benchmarks/webhook.py``'s
 in-process figure does (built as served, the audit event built and its delivery dropped): after a
 warm-up, ``--reviews`` reviews are made through ``map`` and callgrind counts only while CPython's
 ``map_next`` runs (``--toggle-collect``), so the count is the reviews' own, without the
-interpreter's start, the imports and the warm-up. Needs valgrind (Debian package `valgrind`) and a
+interpreter's start, the imports and the warm-up.
+
+``lease-plain`` and ``lease-charged`` are ``tests/benchmarks/leases.py``'s review without leases and
+its charged review, over its view (100 GpuLeases, 10,000 charged Pods): the shipped configuration
+(knative/base/config.yaml, audit events built and dropped) without and with ``gpuLeases``, the same
+GPU Pod in namespace team-042, which holds a GpuLease; the difference is what a lease's charge adds
+(the decision, the stamp, the patch and its proof, the ledger's record; the ledger is emptied after
+each review, as the watch empties it when the Pod arrives). Needs valgrind (Debian package `valgrind`) and a
 CPython whose symbols are not stripped; one count takes a minute or two.
 """
 
@@ -27,9 +35,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REVIEWS = ROOT / "tests" / "data" / "admission-reviews"
-BODIES = {
+BODIES: dict[str, Path | None] = {
     "mutating": REVIEWS / "default-slice-inference.json",
     "non-mutating": REVIEWS / "default-not-opted-in.json",
+    "lease-plain": None,
+    "lease-charged": None,
 }
 WARM_UP = 50
 WITHOUT = {
@@ -44,8 +54,9 @@ reviews' answers stay the same for the shipped bodies, whose patches pass both).
 REVIEWER = """
 import sys
 from pathlib import Path
-checkout, body_path, warm_up, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-without = sys.argv[5:]
+checkout, kind, body_path = sys.argv[1], sys.argv[2], sys.argv[3]
+warm_up, count, lease_setup = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+without = sys.argv[7:]
 sys.path.insert(0, checkout)
 from function.serve.app import build_webhook
 from function.core import engine
@@ -59,18 +70,53 @@ if "engine" in without:
     engine.Engine.decide_or_raise = lambda self, pod, request: (
         decided.get("first") or decided.setdefault("first", decide(self, pod, request))
     )
-webhook = build_webhook(environ={})
-webhook.admission.recorder.sender.submit = lambda event: None
-body = Path(body_path).read_bytes()
-for _ in range(warm_up):
+if kind.startswith("lease-"):
+    exec(lease_setup)
+else:
+    webhook = build_webhook(environ={})
+    body = Path(body_path).read_bytes()
+    empty = []
+audit = webhook.admission.recorder
+getattr(audit, "inner", audit).sender.submit = lambda event: None
+def review(_):
     webhook.handle("POST", "/mutate", body)
-for _ in map(lambda _: webhook.handle("POST", "/mutate", body), range(count)):  # counted: map_next
+    for entries in empty:
+        entries.clear()
+for _ in range(warm_up):
+    review(None)
+for _ in map(review, range(count)):  # counted: map_next
     pass
 """
 
+LEASE_SETUP = """
+from datetime import UTC, datetime
+sys.path.insert(0, str(Path(checkout) / "tests" / "benchmarks"))
+from leases import LEASE_COUNT, charged_pod, lease_object, review_body
+from function.core.config import parse_config
+from function.core.leases import CHARGED_PODS, LEASES, slim_lease
+from function.core.view import IndexState, View
+from function.serve.ledger import with_ledgers
+import yaml
+data = yaml.safe_load((Path(checkout) / "knative" / "base" / "config.yaml").read_text())
+if kind == "lease-charged":
+    data["gpuLeases"] = {"enabled": True}
+webhook = build_webhook(parse_config(data), {"CASTSLICE_LOG_LEVEL": "WARNING"}, watches=(), freeze_gc=False)
+ledgers = getattr(webhook.admission.recorder, "ledgers", ())
+empty = [ledger._entries for ledger in ledgers]
+leases = IndexState.build({f"lease-uid-{n}": slim_lease(lease_object(n)) for n in range(LEASE_COUNT)}, LEASES)
+pods = {}
+for n in range(10_000):
+    obj = charged_pod(n)
+    pods[CHARGED_PODS.key(obj)] = CHARGED_PODS.slim(obj)
+view = View({LEASES.index: leases, CHARGED_PODS.index: IndexState.build(pods, CHARGED_PODS)})
+turns = getattr(webhook.admission.recorder, "turns", None)
+webhook.admission.cluster = with_ledgers(lambda: view, ledgers, turns, lambda: datetime.now(UTC))
+body = review_body("team-042")
+"""
 
-def per_review(checkout: Path, body: Path, count: int, without: list[str] | None = None) -> int:
-    """Instructions per review of ``body``, over ``count`` reviews, with the engine stages of
+
+def per_review(checkout: Path, kind: str, count: int, without: list[str] | None = None) -> int:
+    """Instructions per review of ``kind``, over ``count`` reviews, with the engine stages of
     ``without`` taken out (WITHOUT)."""
     done = subprocess.run(
         [
@@ -83,9 +129,11 @@ def per_review(checkout: Path, body: Path, count: int, without: list[str] | None
             "-c",
             REVIEWER,
             str(checkout),
-            str(body),
+            kind,
+            str(BODIES[kind] or ""),
             str(WARM_UP),
             str(count),
+            LEASE_SETUP,
             *(without or ()),
         ],
         capture_output=True,
@@ -121,7 +169,7 @@ def main() -> int:
     figures: dict[str, dict[str, int]] = {}
     for kind in args.kind or list(BODIES):
         for name, checkout in checkouts.items():
-            count = per_review(checkout, BODIES[kind], args.reviews, args.without)
+            count = per_review(checkout, kind, args.reviews, args.without)
             figures.setdefault(name, {})[kind] = count
             print(f"{kind:>12} {name:>6} ({checkout}): {count:,} instructions per review", flush=True)
         if "before" in figures:

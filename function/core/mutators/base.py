@@ -9,6 +9,7 @@ the Pod comes in the ``RequestContext``, the cluster included, as a read-only sn
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -95,6 +96,79 @@ class MutatorDecision:
         return decided
 
 
+@dataclass(frozen=True)
+class Keys:
+    """Keys of one string map of the Pod (its labels, or its annotations): exact names, prefixes,
+    tests (a PodMutation's key regex), or ``every`` key."""
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    tests: tuple[Callable[[str], object], ...] = ()
+    every: bool = False
+
+    def hit(self, keys: Iterable[str] | None) -> bool:
+        """Whether any of ``keys`` is one of these (None: any key at all)."""
+        if keys is None:
+            return self.every or bool(self.names or self.prefixes or self.tests)
+        if self.every:
+            return any(True for _ in keys)
+        return any(
+            key in self.names or key.startswith(self.prefixes) or any(test(key) for test in self.tests)
+            for key in keys
+        )
+
+
+EVERY_KEY = Keys(every=True)
+NO_KEY = Keys()
+
+PodPath = tuple[str, ...]
+"""A place in the Pod outside its labels and annotations, as JSON keys: ``("spec", "nodeSelector")``."""
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What one mutator's change touched (the engine tells it from the Pod before and after):
+    label and annotation keys (None: the map itself, so any key), and every other place changed,
+    ``("spec", "nodeSelector")`` (``()``: the Pod as a whole)."""
+
+    labels: frozenset[str] | None = frozenset()
+    annotations: frozenset[str] | None = frozenset()
+    paths: frozenset[PodPath] = frozenset()
+
+
+ANYTHING = Changed(None, None, frozenset({()}))
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What of the Pod a mutator's run depends on: what it looks at, **and every place it writes**
+    (whether its write changes anything depends on what is there). Two Pods equal in these parts
+    get the same result from it (action, reason, warnings) and the same edits. ``paths`` are
+    places outside the labels and annotations (a change at a path, above it or below it, touches
+    it); None: every place."""
+
+    labels: Keys = EVERY_KEY
+    annotations: Keys = EVERY_KEY
+    paths: tuple[PodPath, ...] | None = None
+
+    def touched_by(self, changed: Changed) -> bool:
+        if self.labels.hit(changed.labels) or self.annotations.hit(changed.annotations):
+            return True
+        if not changed.paths:
+            return False
+        if self.paths is None:
+            return True
+        return any(
+            read[: len(path)] == path or path[: len(read)] == read
+            for path in changed.paths
+            for read in self.paths
+        )
+
+
+EVERYTHING = Reads()
+"""What a mutator that declares nothing reads: the whole Pod (any change runs it again)."""
+
+
 class Mutator(Protocol):
     """``name`` is stable (it appears in events and metrics); ``mutate`` may edit ``pod`` in place.
 
@@ -102,7 +176,13 @@ class Mutator(Protocol):
     same request), it reports ``unchanged`` and changes nothing, as Kubernetes asks of every
     mutating webhook (the apiserver may send a webhook its own output again). The engine then
     does not run it again to confirm a change that only it made (tests/core/test_any_pod.py holds
-    every mutator declaring it to it)."""
+    every mutator declaring it to it).
+
+    And it may declare ``reads(ctx) -> Reads``: what of the Pod its runs depend on, for this
+    request (a mutator whose reads depend on the cluster, PodMutations' selectors, computes them
+    from ``ctx.cluster``). After another mutator's change, the engine runs it again only if the
+    change touched what it reads; one that declares nothing reads ``EVERYTHING``
+    (tests/core/test_declared_reads.py holds each declaration to the mutator's behaviour)."""
 
     name: str
 

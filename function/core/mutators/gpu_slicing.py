@@ -45,7 +45,7 @@ from function.core.configtypes import (
     check_resource_name,
 )
 from function.core.dra import TEMPLATES, TEMPLATES_INDEX, DraConfig, Template, template_key, templates
-from function.core.mutators.base import InvalidAnnotation, MutatorResult, RequestContext
+from function.core.mutators.base import NO_KEY, InvalidAnnotation, Keys, MutatorResult, Reads, RequestContext
 from function.core.mutators.registry import Claims, MutatorPlugin, Neighbours, Rename, Settings
 from function.core.mutators.slice_ratio import accepted, accepted_short, parse_slice_ratio
 from function.core.pod import (
@@ -69,6 +69,13 @@ WORKLOAD_TYPE = "castops.io/workload-type"
 SLICE_RATIO = "castops.io/slice-ratio"
 ORIGINAL_REQUEST = "castops.io/original-gpu-request"
 """What a sliced Pod asked for, per container (``containers/vllm: nvidia.com/gpu=8``)."""
+READS = Reads(
+    labels=NO_KEY,
+    annotations=Keys(frozenset({OPTIMIZE, WORKLOAD_TYPE, SLICE_RATIO, ORIGINAL_REQUEST})),
+    paths=(*(("spec", kind) for kind in CONTAINER_LISTS), ("spec", "resourceClaims")),
+)
+"""What slicing reads and writes of a Pod: its own annotations, the containers' resources and the
+Pod's claims (the Nodes and templates it reads come from the view, fixed for the review)."""
 
 HAMI_QUALIFIERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"nvidia.com/gpu": ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")}
@@ -174,6 +181,9 @@ class GpuSlicingConfig(MutatorConfig):
 class GpuSlicing:
     name = "gpu-slicing"
     idempotent = True
+
+    def reads(self, ctx: RequestContext) -> Reads:
+        return READS
 
     def __init__(
         self, config: GpuSlicingConfig, on_invalid: OnInvalidAnnotation, vgpu_resources: Collection[str] = ()

@@ -15,10 +15,10 @@ skipped (and was refused at ``kubectl apply`` by the validating webhook in the f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from function.core.mutators.base import Action, MutatorResult, RequestContext
+from function.core.mutators.base import Action, Keys, MutatorResult, Reads, RequestContext
 from function.core.placement import SiblingCounts, pending_entries
 from function.core.pod import Owner, Pod, controller_of, fit_warning, labels_of, metadata_of
 from function.core.podmutation.apply import Siblings, apply_mutation
@@ -28,6 +28,7 @@ from function.core.podmutation.names import (
     CASTAI_GROUP,
     CASTAI_VERSION,
     KIND,
+    MARK_ANNOTATION,
     OUR_GROUP,
     OUR_VERSION,
     PLURAL,
@@ -148,6 +149,43 @@ def loaded_mutations(view: ClusterView, castai: bool) -> tuple[list[CompiledMuta
     return valid, invalid
 
 
+MARK_READS = Reads(
+    labels=Keys(frozenset({CASTAI_OPT_OUT_LABEL})), annotations=Keys(frozenset({MARK_ANNOTATION})), paths=()
+)
+"""What a run reads when no PodMutation may match the namespace: the mark and the opt-out label."""
+WORKLOAD_PATHS = (("metadata", "name"), ("metadata", "generateName"), ("metadata", "ownerReferences"))
+"""What the workload a Pod belongs to is read from (with the pod-template-hash label and the view)."""
+
+
+def may_match_namespace(mutation: CompiledMutation, namespace: str) -> bool:
+    """Whether ``mutation``'s namespace filters let it match a Pod of ``namespace`` at all."""
+    if mutation.namespaces and not any(m.level(namespace) for m in mutation.namespaces):
+        return False
+    return not any(m.level(namespace) for m in mutation.exclude_namespaces)
+
+
+def selection_reads(mutations: list[CompiledMutation], namespace: str) -> Reads:
+    """What of a Pod decides whether one of ``mutations`` applies to it in ``namespace``: what a run
+    that changes nothing depends on (a run that applies one marks the Pod, and a run on a marked
+    Pod reads only the mark): the label keys the filters name or match (by regex), tolerations when
+    one filters on them, the workload."""
+    candidates = [m for m in mutations if may_match_namespace(m, namespace)]
+    if not candidates:
+        return MARK_READS
+    keys = {CASTAI_OPT_OUT_LABEL, "pod-template-hash"}
+    tests: list[Callable[[str], object]] = []
+    tolerations = False
+    for mutation in candidates:
+        for rule in (mutation.labels, mutation.exclude_labels):
+            for key, _value in rule.matchers if rule is not None else ():
+                keys.add(key.value)
+                if key.regex is not None:
+                    tests.append(key.regex.fullmatch)
+        tolerations = tolerations or mutation.tolerations is not None
+    paths = (*WORKLOAD_PATHS, ("spec", "tolerations")) if tolerations else WORKLOAD_PATHS
+    return Reads(Keys(frozenset(keys), tests=tuple(tests)), MARK_READS.annotations, paths)
+
+
 def describe_workload(workload: Workload) -> str:
     return f"{workload.kind}/{workload.name}"
 
@@ -174,6 +212,9 @@ class PodMutations:
         valid, _invalid = loaded_mutations(view, self.config.castaiObjects)
         self._loaded = (indices, valid)
         return valid
+
+    def reads(self, ctx: RequestContext) -> Reads:
+        return selection_reads(self._mutations(ctx.cluster), ctx.namespace)
 
     def mutate(self, pod: Pod, ctx: RequestContext) -> MutatorResult:
         marked = marked_by(pod)
