@@ -47,6 +47,14 @@ class LeaseLedger(InFlightLedger[LedgerCharge]):
         found = ledger_charge(pod)
         return found[1] if found is not None else None
 
+    def observe_admitted(self, pod: Mapping[str, Any] | None) -> bool:
+        """The charge an admitted Pod carries, read once (key and entry come from one stamp)."""
+        found = ledger_charge(pod) if isinstance(pod, Mapping) else None
+        if found is None:
+            return False
+        self.add(*found)
+        return True
+
     def watched(self, index: str, old: Any, new: Any) -> None:
         """The watch's listener: a charged Pod the view now holds (or held: one deleted before
         any review saw it) is counted by the view, or gone; its entry leaves the ledger at once,

@@ -293,7 +293,7 @@ def elsewhere(reads: Reads) -> list[Callable[[dict[str, Any]], None]]:
         ("annotations", ANNOTATION_KEYS, reads.annotations),
     ):
         for key in [*keys, "other"]:
-            if not declared.hit([key]):
+            if not declared.hit({key}):
                 for value in [None, *VALUES.get(key, ["x", "h100", "true"])]:
                     changes.append(set_key(section, key, value))
     for place, values in PLACES.items():

@@ -9,7 +9,8 @@ the Pod comes in the ``RequestContext``, the cluster included, as a read-only sn
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -106,16 +107,17 @@ class Keys:
     tests: tuple[Callable[[str], object], ...] = ()
     every: bool = False
 
-    def hit(self, keys: Iterable[str] | None) -> bool:
+    def hit(self, keys: AbstractSet[str] | None) -> bool:
         """Whether any of ``keys`` is one of these (None: any key at all)."""
         if keys is None:
             return self.every or bool(self.names or self.prefixes or self.tests)
-        if self.every:
-            return any(True for _ in keys)
-        return any(
-            key in self.names or key.startswith(self.prefixes) or any(test(key) for test in self.tests)
-            for key in keys
-        )
+        if not keys:
+            return False
+        if self.every or not self.names.isdisjoint(keys):
+            return True
+        if self.prefixes and any(key.startswith(self.prefixes) for key in keys):
+            return True
+        return any(test(key) for test in self.tests for key in keys)
 
 
 EVERY_KEY = Keys(every=True)

@@ -25,7 +25,6 @@ and the controller count it. Namespaces without a GpuLease are left alone unless
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -38,6 +37,7 @@ from pydantic import Field, field_validator
 from function.core.budget import BudgetNow
 from function.core.configtypes import MutatorConfig, PositiveInt, ResourceName, check_resource_name
 from function.core.families import ModelFamilies, base_model, is_family, models_of, node_values
+from function.core.json_patch import copy_json
 from function.core.leases import (
     AUDIT,
     CHARGE_ANNOTATION,
@@ -52,6 +52,7 @@ from function.core.leases import (
     LEASE_LABEL,
     LEASE_NAMESPACES,
     LEASES,
+    MAPPING,
     MAX_MODELS,
     MODEL_ANNOTATION,
     OVERFLOW,
@@ -372,7 +373,7 @@ class GpuLeases:
         if not restamp:
             self.stamp(pod, ctx, verdict, ctx.uid)
             return MutatorResult.mutated(verdict.message, *verdict.warnings)
-        before = copy.deepcopy(pod)
+        before = copy_json(pod)  # only a Pod that arrived stamped: a reinvocation
         remove_stamp(pod)
         self.stamp(pod, ctx, verdict, arrived or ctx.uid)
         if pod == before:
@@ -450,7 +451,7 @@ class GpuLeases:
             return Verdict(
                 "NoMatchingLease", f"namespace {namespace} has no GpuLease: not charged", charge=charge
             )
-        chosen = self._choose(pod, leases, now, models, view, replacing)
+        chosen = self._choose(pod, leases, now, models, view, replacing, charge)
         if isinstance(chosen, Verdict):
             return chosen
         lease, pin = chosen
@@ -509,15 +510,22 @@ class GpuLeases:
         return Verdict(reason, f"castslice: {reason}: {text}", lease, charge, usage, admit=False)
 
     def _choose(
-        self, pod: Pod, leases: list[Lease], now: datetime, models: Models, view: ClusterView, replacing: str
+        self,
+        pod: Pod,
+        leases: list[Lease],
+        now: datetime,
+        models: Models,
+        view: ClusterView,
+        replacing: str,
+        charge: int,
     ) -> tuple[Lease, bool] | Verdict:
-        """The lease, and whether to pin the Pod to its model (it may run on another model)."""
+        """The lease, and whether to pin the Pod to its model (it may run on another model);
+        ``charge``: the Pod's, as its own model makes it (for the refusals)."""
         namespace = leases[0].namespace
         labels = labels_of(pod)
         zones = zones_of(view)
         valid = [lease for lease in leases if not lease.problems and not lease.zone_problems(zones)]
         label = self.config.modelLabel
-        charge = pod_charge(pod, self.units, models.exactly or "")
         named = annotations_of(pod).get(CHOICE_ANNOTATION)
         if named is not None:
             found = [lease for lease in valid if lease.name == named]
@@ -579,8 +587,15 @@ class GpuLeases:
 
     # -- leases of several models or a family ----------------------------------------------------
     def family_of(self, lease: Lease) -> tuple[str, ...] | None:
-        """The models of a lease of several models or a family; None for a lease of one model."""
-        return models_of(lease, self.families) if is_family(lease, self.families) else None
+        """The models of a lease of several models or a family; None for a lease of one model.
+        Worked out once per lease record and configuration (asked several times per decision)."""
+        known = lease.memo.get("family")
+        if known is not None and known[0] is self.families:
+            family: tuple[str, ...] | None = known[1]
+            return family
+        family = models_of(lease, self.families) if is_family(lease, self.families) else None
+        lease.memo["family"] = (self.families, family)
+        return family
 
     def _allows(self, models: Models, lease: Lease) -> bool:
         family = self.family_of(lease)
@@ -939,11 +954,11 @@ PLUGIN = MutatorPlugin(
 def ledger_charge(pod: Mapping[str, Any]) -> tuple[str, LedgerCharge] | None:
     """(lease key, charge) an admitted Pod carries, for the edge's ledger; None if not charged."""
     metadata = pod.get("metadata")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, MAPPING):
         return None
-    labels = metadata.get("labels") if isinstance(metadata.get("labels"), Mapping) else {}
-    annotations = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
-    assert isinstance(labels, Mapping) and isinstance(annotations, Mapping)
+    labels, annotations = metadata.get("labels"), metadata.get("annotations")
+    if not isinstance(labels, MAPPING) or not isinstance(annotations, MAPPING):
+        return None  # a charge is stamped with both
     lease, decision = labels.get(LEASE_LABEL), annotations.get(DECISION_ANNOTATION)
     namespace = metadata.get("namespace")
     if (
