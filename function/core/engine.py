@@ -27,9 +27,9 @@ from function.core.json_patch import (
     WorkingCopy,
     changes_within,
     diff,
+    exact_json,
     prove,
     quick_changes,
-    same,
     scope_of,
 )
 from function.core.mutators.base import (
@@ -275,7 +275,7 @@ class Engine:
                 _check_honest(mutator, result, changed)
                 due[position] = changed and not idempotent[position]
                 if changed and skip:
-                    self._mark_due(due, reads, position, before, working.pod, request)
+                    self._mark_due(due, reads, position, before, working, request)
                 if changed and touched is not None:
                     touched = None if result.touched is None else [*touched, *result.touched]
                 previous = decisions.get(mutator.name)
@@ -301,8 +301,8 @@ class Engine:
         raise NotConverged(f"mutators still changing the Pod after {MAX_PASSES} passes")
 
     def _mark_due(
-        self, due: list[bool], reads: list[Reads | None], changer: int, before: bytes | None, after: Pod,
-        request: RequestContext,
+        self, due: list[bool], reads: list[Reads | None], changer: int, before: bytes | None,
+        working: WorkingCopy, request: RequestContext,
     ) -> None:  # fmt: skip
         """After the mutator at ``changer`` changed the Pod (``before``: its exact JSON until then),
         every other mutator whose reads the change touched is due to run again."""
@@ -317,7 +317,7 @@ class Engine:
                 due[position] = True
                 continue
             if changed is None:
-                changed = changed_parts(before, after)
+                changed = changed_parts(before, working.pod, working.json)
             due[position] = declared.touched_by(changed)
 
     def _check_denial_is_the_pods(
@@ -410,10 +410,13 @@ walked section by section): for a Pod that large it costs more than the runs it 
 _ABSENT = object()
 
 
-def changed_parts(before: bytes | None, after: Pod) -> Changed:
-    """What differs between the Pod whose exact JSON is ``before`` and ``after``: label and
-    annotation keys, and the other places one level into ``metadata`` and ``spec`` (a top-level key
-    elsewhere). As JSON compares (``same``: 1 is not true); ANYTHING when ``before`` is unknown."""
+def changed_parts(before: bytes | None, after: Pod, after_json: bytes | None = None) -> Changed:
+    """What differs between the Pod whose exact JSON is ``before`` and ``after`` (whose exact
+    JSON is ``after_json``, when known): label and annotation keys, and the other places one level
+    into ``metadata`` and ``spec`` (a top-level key elsewhere). Found with == (in C), then held to
+    JSON's exactness (1 is not true) in one serialization: the Pod before, with what was found
+    changed brought level with ``after``, must write ``after_json``; ANYTHING when it does not, or
+    when ``before`` is unknown."""
     if before is None or len(before) > LARGE_POD_BYTES:
         return ANYTHING
     old = orjson.loads(before)
@@ -424,20 +427,36 @@ def changed_parts(before: bytes | None, after: Pod) -> Changed:
     paths: set[tuple[str, ...]] = set()
     for key in old.keys() | after.keys():
         was, now = old.get(key, _ABSENT), after.get(key, _ABSENT)
+        if was == now:
+            continue
         if key in ("metadata", "spec") and isinstance(was, dict) and isinstance(now, dict):
             for part in was.keys() | now.keys():
                 part_was, part_now = was.get(part, _ABSENT), now.get(part, _ABSENT)
+                if part_was == part_now:
+                    continue
                 if key == "metadata" and part == "labels":
                     labels = _changed_keys(part_was, part_now)
                 elif key == "metadata" and part == "annotations":
                     annotations = _changed_keys(part_was, part_now)
-                elif part_was is _ABSENT or part_now is _ABSENT or not same(part_was, part_now):
+                else:
                     paths.add((key, part))
-        elif was is _ABSENT or now is _ABSENT or not same(was, now):
+                _level(was, part, part_now)
+        else:
             paths.add((key,))
             if key == "metadata":
                 labels = annotations = None
+            _level(old, key, now)
+    if after_json is None or exact_json(old) != after_json:
+        return ANYTHING  # a difference == cannot see (1 and true), or keys in another order
     return Changed(labels, annotations, frozenset(paths))
+
+
+def _level(parent: dict[str, Any], key: str, value: Any) -> None:
+    """``parent[key]`` made ``value`` (absent: removed), as in the Pod after the change."""
+    if value is _ABSENT:
+        parent.pop(key, None)
+    else:
+        parent[key] = value
 
 
 def _changed_keys(was: Any, now: Any) -> frozenset[str] | None:
@@ -447,8 +466,4 @@ def _changed_keys(was: Any, now: Any) -> frozenset[str] | None:
     now = {} if now is _ABSENT else now
     if not isinstance(was, dict) or not isinstance(now, dict):
         return None
-    return frozenset(
-        key
-        for key in was.keys() | now.keys()
-        if key not in was or key not in now or not same(was[key], now[key])
-    )
+    return frozenset(key for key in was.keys() | now.keys() if was.get(key, _ABSENT) != now.get(key, _ABSENT))
