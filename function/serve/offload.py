@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -286,6 +287,7 @@ class LargeReviews:
         self.ledgers = ledgers
         self.seconds = seconds
         self.pool: ProcessPoolExecutor | None = None
+        self._closed = False
         self.views: ViewServer | None = None
         self._lock = threading.Lock()
         self._starting: Future[bool] | None = None
@@ -351,6 +353,8 @@ class LargeReviews:
 
     def _started(self) -> ProcessPoolExecutor:
         with self._lock:
+            if self._closed:  # as a shut-down pool answers: no child started while stopping
+                raise RuntimeError("the large-review process is stopped")
             if self.pool is None:
                 child_end: Connection | None = None
                 if self.cluster is not None:
@@ -367,12 +371,19 @@ class LargeReviews:
     def close(self) -> None:
         """The child ended now, whatever it is doing (it holds nothing to save: the worker records):
         a process exiting waits for its pool's children, and one still starting would hold it."""
+        with self._lock:
+            self._closed = True
         if self.pool is not None:
             children = list(getattr(self.pool, "_processes", None) or {})
-            self.pool.shutdown(wait=False, cancel_futures=True)
             for pid in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            # Its child gone, the pool's manager thread ends at once and is joined here, and the pool
+            # let go: its queues' semaphores are released now. The worker exits without atexit hooks,
+            # and the resource tracker would otherwise report them as leaked at every stop.
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+            gc.collect()
         if self.views is not None:
             self.views.close()
 

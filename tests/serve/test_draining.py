@@ -96,3 +96,18 @@ def test_castslice_serve_refuses_a_bad_drain_setting_by_name(tmp_path: Path) -> 
     )
     assert refused.returncode == 2
     assert f"castslice serve: {DRAIN_SECONDS_ENV}='soon': expected seconds from 0 to 300" in refused.stderr
+
+
+def test_a_stop_leaves_no_semaphore_of_the_large_review_process_behind(tmp_path: Path) -> None:
+    """The large-review process's pool is let go before the worker exits (which runs no atexit
+    hook): multiprocessing's resource tracker then has nothing to clean up, and says nothing."""
+    served = Served(tmp_path)
+    try:
+        wait_for(lambda: request(served.port, "GET", "/readyz")[0] == 200, 20, 0.1, "ready")
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(20)
+        time.sleep(1.0)  # the tracker outlives the worker a moment: it reports as it ends
+    finally:
+        served.kill()
+    stderr = served.stderr_path.read_text()
+    assert "leaked semaphore" not in stderr and "resource_tracker" not in stderr, stderr[-2000:]
